@@ -1,0 +1,96 @@
+package config
+
+import "time"
+
+// Defaults of the settings. Each is documented in README.md.
+const (
+	DefaultDatabaseURL       = "postgres://postgres@localhost:5432/postgres"
+	DefaultRedisURL          = "redis://localhost:6379/0"
+	DefaultSlot              = "walcount"
+	DefaultPublication       = "walcount"
+	DefaultFlushInterval     = time.Second
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultHTTPAddr          = "127.0.0.1:9750"
+	// DefaultStatusInterval is how often a standby status update is sent
+	// even when W has not moved.
+	DefaultStatusInterval = 10 * time.Second
+	// DefaultSlotPollInterval is how often the slot monitor reads
+	// pg_replication_slots.
+	DefaultSlotPollInterval = 5 * time.Second
+	// DefaultMaxLagBytes is the slot lag above which /readyz fails.
+	DefaultMaxLagBytes = 1 << 30
+	// DefaultShutdownTimeout bounds the final flush on SIGINT/SIGTERM.
+	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultReconcileBatchSize is how many target keys one reconcile
+	// measurement reads.
+	DefaultReconcileBatchSize = 1000
+	// DefaultReconcileInterval is the pause between scheduled full
+	// reconciliations; zero disables them.
+	DefaultReconcileInterval = 24 * time.Hour
+)
+
+// Config is everything walcount run needs. The zero value is not usable:
+// start from Default and override.
+type Config struct {
+	// DatabaseURL is the PostgreSQL connection URL (libpq URL or DSN).
+	DatabaseURL string `yaml:"database_url"`
+	// RedisURL is the Redis URL (redis://[user:pass@]host:port/db).
+	RedisURL string `yaml:"redis_url"`
+	// Slot is the logical replication slot name.
+	Slot string `yaml:"slot"`
+	// Publication is the publication name.
+	Publication string `yaml:"publication"`
+	// FlushInterval is how often buffered deltas are applied to PostgreSQL.
+	FlushInterval time.Duration `yaml:"flush_interval"`
+	// HeartbeatInterval is how often an idle stream emits a heartbeat
+	// message so that W and the slot keep moving (DESIGN §2 rule 8).
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// HTTPAddr is the listen address of /metrics, /healthz, /readyz,
+	// /status and /v1/reconcile. Empty disables the HTTP server.
+	HTTPAddr string `yaml:"http_addr"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+	// Counters are the counter caches to maintain; empty means
+	// []Counter{DefaultCounter()}.
+	Counters []Counter `yaml:"counters"`
+	// SlotSettings tune slot monitoring.
+	SlotSettings SlotSettings `yaml:"slot"`
+	// Reconcile tunes reconciliation.
+	Reconcile ReconcileSettings `yaml:"reconcile"`
+}
+
+// SlotSettings tune slot monitoring.
+type SlotSettings struct {
+	// PollInterval is how often pg_replication_slots is read; default 5s.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// MaxLagBytes is the lag above which /readyz fails; default 1 GiB.
+	MaxLagBytes int64 `yaml:"max_lag_bytes"`
+}
+
+// ReconcileSettings tune reconciliation (DESIGN §5).
+type ReconcileSettings struct {
+	// BatchSize is how many target keys one measurement reads; default 1000.
+	BatchSize int `yaml:"batch_size"`
+	// Interval is the pause between scheduled runs; default 24h, 0 disables.
+	Interval *time.Duration `yaml:"interval"`
+}
+
+// Default returns the configuration with every default filled in.
+func Default() Config {
+	return Config{
+		DatabaseURL:       DefaultDatabaseURL,
+		RedisURL:          DefaultRedisURL,
+		Slot:              DefaultSlot,
+		Publication:       DefaultPublication,
+		FlushInterval:     DefaultFlushInterval,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		HTTPAddr:          DefaultHTTPAddr,
+		LogLevel:          "info",
+		Counters:          []Counter{DefaultCounter()},
+		SlotSettings: SlotSettings{
+			PollInterval: DefaultSlotPollInterval,
+			MaxLagBytes:  DefaultMaxLagBytes,
+		},
+		Reconcile: ReconcileSettings{BatchSize: DefaultReconcileBatchSize},
+	}
+}
