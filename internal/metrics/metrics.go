@@ -1,0 +1,338 @@
+package metrics
+
+import (
+	"net/http"
+	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Namespace prefixes every walcount metric name.
+const Namespace = "walcount"
+
+// Label names.
+const (
+	// LabelCounter is the counter name from the configuration
+	// (config.Counter.Name).
+	LabelCounter = "counter"
+	// LabelOp is the kind of row change; one of the Op constants.
+	LabelOp = "op"
+	// LabelStatus is a pg_replication_slots.wal_status value.
+	LabelStatus = "status"
+	// LabelVersion is the walcount version in walcount_build_info.
+	LabelVersion = "version"
+)
+
+// Values of LabelOp.
+const (
+	OpInsert   = "insert"
+	OpUpdate   = "update"
+	OpDelete   = "delete"
+	OpTruncate = "truncate"
+)
+
+// Ops lists every value of LabelOp.
+var Ops = []string{OpInsert, OpUpdate, OpDelete, OpTruncate}
+
+// Values of LabelStatus, in the order PostgreSQL documents them, from
+// healthy to gone. "unreserved" means the slot's WAL is about to be removed at
+// the next checkpoint; "lost" means it has been, and the slot is unusable.
+const (
+	WALStatusReserved   = "reserved"
+	WALStatusExtended   = "extended"
+	WALStatusUnreserved = "unreserved"
+	WALStatusLost       = "lost"
+)
+
+// WALStatuses lists every value of LabelStatus.
+var WALStatuses = []string{WALStatusReserved, WALStatusExtended, WALStatusUnreserved, WALStatusLost}
+
+// Histogram buckets, in seconds.
+var (
+	// ApplyLagBuckets span 10 ms (a flush right after the commit) to 60 s
+	// (a stalled sink); the default flush interval of 1 s sits in the middle.
+	ApplyLagBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60}
+	// FlushDurationBuckets span 1 ms (a handful of keys) to 10 s (a large
+	// backlog, or a lock wait on a hot row).
+	FlushDurationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+)
+
+// Metrics holds every metric walcount exports. Create it with New; the zero
+// value is not usable. All fields are safe for concurrent use.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	// Slot health, set by the slot monitor from pg_replication_slots.
+
+	// SlotLagBytes is pg_current_wal_lsn() - confirmed_flush_lsn: WAL the
+	// server has written that walcount has not yet acknowledged.
+	SlotLagBytes prometheus.Gauge
+	// SlotRetainedWALBytes is pg_current_wal_lsn() - restart_lsn: WAL the
+	// slot keeps on the server's disk.
+	SlotRetainedWALBytes prometheus.Gauge
+	// SlotSafeWALSizeBytes is how much more WAL can be written before the
+	// slot is in danger of losing WAL it needs; -1 when there is no limit
+	// (max_slot_wal_keep_size = -1) or the server does not report one.
+	SlotSafeWALSizeBytes prometheus.Gauge
+	// SlotActive is 1 while a replication connection uses the slot.
+	SlotActive prometheus.Gauge
+	// SlotWALStatus is 1 for the slot's current wal_status and 0 for the
+	// others; set it with SetWALStatus.
+	SlotWALStatus *prometheus.GaugeVec
+
+	// SlotSpillBytes, SlotSpillTxns, SlotStreamBytes and SlotStreamTxns
+	// copy pg_stat_replication_slots. They are cumulative counters on the
+	// server, but walcount only mirrors them, and they go back to zero when
+	// the statistics are reset (pg_stat_reset_replication_slot), when the slot
+	// is recreated and after a crash. They are therefore exported as gauges,
+	// without the _total suffix; rate() and increase() still work on them,
+	// because PromQL treats any decrease as a reset whatever the type.
+	SlotSpillBytes  prometheus.Gauge
+	SlotSpillTxns   prometheus.Gauge
+	SlotStreamBytes prometheus.Gauge
+	SlotStreamTxns  prometheus.Gauge
+
+	// SlotReadErrors counts failed reads of the slot's status.
+	SlotReadErrors prometheus.Counter
+
+	// Positions. An LSN is exported as the float64 of its uint64 value;
+	// float64 is exact up to 2^53 bytes (8 PiB) of WAL, far beyond any
+	// real server's lifetime.
+
+	// CheckpointLSN is W, the LSN stored in walcount.checkpoint.
+	CheckpointLSN prometheus.Gauge
+	// ReceivedLSN is the end LSN of the last transaction received from the
+	// replication stream.
+	ReceivedLSN prometheus.Gauge
+	// CheckpointAgeSeconds is the time since W last moved; the daemon sets
+	// it, since only it knows when the last flush committed.
+	CheckpointAgeSeconds prometheus.Gauge
+
+	// Stream.
+
+	// Transactions counts committed source transactions received.
+	Transactions prometheus.Counter
+	// Changes counts row changes that matched a counter, by counter and op.
+	Changes *prometheus.CounterVec
+	// QueueBlockedSeconds is the total time the cdc stage spent blocked
+	// on a full queue to the aggregator (backpressure, DESIGN §2 rule 9).
+	QueueBlockedSeconds prometheus.Counter
+	// QueueDepth is the number of transactions waiting in that queue.
+	QueueDepth prometheus.Gauge
+	// Streaming is 1 while the replication stream is connected.
+	Streaming prometheus.Gauge
+
+	// Flushes.
+
+	// Flushes counts committed flushes to PostgreSQL.
+	Flushes prometheus.Counter
+	// FlushErrors counts flushes that failed and will be retried.
+	FlushErrors prometheus.Counter
+	// FlushDuration is the duration of one flush, from hand-over to commit.
+	FlushDuration prometheus.Histogram
+	// DeltasFlushed counts non-zero deltas written, by counter.
+	DeltasFlushed *prometheus.CounterVec
+	// DeltasDropped counts deltas whose target row did not exist, by
+	// counter.
+	DeltasDropped *prometheus.CounterVec
+	// BufferKeys is the number of keys in the Redis buffer.
+	BufferKeys prometheus.Gauge
+	// ApplyLag is the time from a source transaction's commit to the commit
+	// of the flush that contains its deltas.
+	ApplyLag prometheus.Histogram
+
+	// Reconciliation (DESIGN §5).
+
+	// ReconcileCorrections counts corrections applied, by counter.
+	ReconcileCorrections *prometheus.CounterVec
+	// ReconcileKeysChecked counts keys measured, by counter.
+	ReconcileKeysChecked *prometheus.CounterVec
+
+	// BuildInfo is 1, labelled with the walcount version; set it with
+	// SetVersion.
+	BuildInfo *prometheus.GaugeVec
+}
+
+// New returns a Metrics with every metric registered into a new registry,
+// together with the Go runtime and process collectors.
+//
+// The slot's safe WAL size starts at -1 (unknown) rather than 0, so that an
+// alert on a small safe size does not fire before the first slot read.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+
+		SlotLagBytes: gauge("slot_lag_bytes",
+			"Bytes of WAL written by the server but not yet confirmed by walcount (pg_current_wal_lsn() - confirmed_flush_lsn)."),
+		SlotRetainedWALBytes: gauge("slot_retained_wal_bytes",
+			"Bytes of WAL the replication slot keeps on the server (pg_current_wal_lsn() - restart_lsn)."),
+		SlotSafeWALSizeBytes: gauge("slot_safe_wal_size_bytes",
+			"Bytes of WAL that can still be written before the slot risks losing WAL (pg_replication_slots.safe_wal_size); -1 when unlimited or unknown."),
+		SlotActive: gauge("slot_active",
+			"1 while a replication connection is using the slot, else 0."),
+		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "slot_wal_status",
+			Help: "1 for the slot's current pg_replication_slots.wal_status (reserved, extended, unreserved, lost), 0 for the others.",
+		}, []string{LabelStatus}),
+		SlotSpillBytes: gauge("slot_spill_bytes",
+			"Bytes of decoded transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_bytes, cumulative on the server)."),
+		SlotSpillTxns: gauge("slot_spill_txns",
+			"Transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_txns, cumulative on the server)."),
+		SlotStreamBytes: gauge("slot_stream_bytes",
+			"Bytes of in-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_bytes, cumulative on the server)."),
+		SlotStreamTxns: gauge("slot_stream_txns",
+			"In-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_txns, cumulative on the server)."),
+		SlotReadErrors: counter("slot_read_errors_total",
+			"Failed reads of the replication slot's status."),
+
+		CheckpointLSN: gauge("checkpoint_lsn",
+			"LSN stored in walcount.checkpoint (W): every source transaction up to it is in the counter columns."),
+		ReceivedLSN: gauge("received_lsn",
+			"End LSN of the last transaction received from the replication stream."),
+		CheckpointAgeSeconds: gauge("checkpoint_age_seconds",
+			"Seconds since the checkpoint LSN last moved."),
+
+		Transactions: counter("transactions_total",
+			"Committed source transactions received from the replication stream."),
+		Changes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "changes_total",
+			Help: "Row changes that matched a counter, by counter and operation (insert, update, delete, truncate).",
+		}, []string{LabelCounter, LabelOp}),
+		QueueBlockedSeconds: counter("queue_blocked_seconds_total",
+			"Seconds the replication reader spent blocked on a full queue to the aggregator (backpressure)."),
+		QueueDepth: gauge("queue_depth",
+			"Transactions waiting in the queue between the replication reader and the aggregator."),
+		Streaming: gauge("streaming",
+			"1 while the replication stream is connected, else 0."),
+
+		Flushes: counter("flushes_total",
+			"Flushes committed to PostgreSQL."),
+		FlushErrors: counter("flush_errors_total",
+			"Flushes that failed and will be retried."),
+		FlushDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "flush_duration_seconds",
+			Help:    "Duration of one flush, from taking over the Redis buffer to the PostgreSQL commit.",
+			Buckets: FlushDurationBuckets,
+		}),
+		DeltasFlushed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "deltas_flushed_total",
+			Help: "Non-zero deltas applied to counter columns, by counter.",
+		}, []string{LabelCounter}),
+		DeltasDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "deltas_dropped_total",
+			Help: "Deltas dropped because their target row does not exist, by counter.",
+		}, []string{LabelCounter}),
+		BufferKeys: gauge("buffer_keys",
+			"Keys waiting in the Redis buffer."),
+		ApplyLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "apply_lag_seconds",
+			Help:    "Time from a source transaction's commit to the commit of the flush that applied its deltas.",
+			Buckets: ApplyLagBuckets,
+		}),
+
+		ReconcileCorrections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "reconcile_corrections_total",
+			Help: "Corrections applied by reconciliation, by counter.",
+		}, []string{LabelCounter}),
+		ReconcileKeysChecked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "reconcile_keys_checked_total",
+			Help: "Keys measured by reconciliation, by counter.",
+		}, []string{LabelCounter}),
+
+		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "build_info",
+			Help: "Always 1, labelled with the walcount version.",
+		}, []string{LabelVersion}),
+	}
+
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.SlotLagBytes, m.SlotRetainedWALBytes, m.SlotSafeWALSizeBytes, m.SlotActive, m.SlotWALStatus,
+		m.SlotSpillBytes, m.SlotSpillTxns, m.SlotStreamBytes, m.SlotStreamTxns, m.SlotReadErrors,
+		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds,
+		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.Streaming,
+		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
+		m.ReconcileCorrections, m.ReconcileKeysChecked,
+		m.BuildInfo,
+	)
+
+	m.SlotSafeWALSizeBytes.Set(-1)
+	// Every status is exported from the start, so that an alert on
+	// status="lost" == 1 has a series to evaluate and a dashboard shows 0
+	// rather than "no data".
+	for _, s := range WALStatuses {
+		m.SlotWALStatus.WithLabelValues(s).Set(0)
+	}
+	m.SetVersion(moduleVersion())
+	return m
+}
+
+// Registry returns the registry holding every walcount metric.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		// Registry makes the handler count its own errors
+		// (promhttp_metric_handler_errors_total) in walcount's registry.
+		Registry: m.reg,
+		// ContinueOnError still serves the metrics that could be gathered
+		// when one collector fails, rather than a blank 500.
+		ErrorHandling: promhttp.ContinueOnError,
+	})
+}
+
+// SetVersion sets walcount_build_info to 1 for version and drops any
+// earlier version label. cmd/walcount calls it with the version stamped in at
+// build time; New starts with the module version from the build info.
+func (m *Metrics) SetVersion(version string) {
+	m.BuildInfo.Reset()
+	m.BuildInfo.WithLabelValues(version).Set(1)
+}
+
+// SetWALStatus sets walcount_slot_wal_status to 1 for status and to 0 for the
+// others. An empty or unknown status (a missing slot, a slot that never
+// reserved WAL) sets them all to 0.
+func (m *Metrics) SetWALStatus(status string) {
+	for _, s := range WALStatuses {
+		v := 0.0
+		if s == status {
+			v = 1
+		}
+		m.SlotWALStatus.WithLabelValues(s).Set(v)
+	}
+}
+
+// InitCounter creates the labelled series of a configured counter at zero,
+// so that they are exported before the first change arrives: rate() over a
+// series that appears only with its first increment misses that increment,
+// and a dashboard shows "no data" instead of 0.
+func (m *Metrics) InitCounter(name string) {
+	for _, op := range Ops {
+		m.Changes.WithLabelValues(name, op)
+	}
+	m.DeltasFlushed.WithLabelValues(name)
+	m.DeltasDropped.WithLabelValues(name)
+	m.ReconcileCorrections.WithLabelValues(name)
+	m.ReconcileKeysChecked.WithLabelValues(name)
+}
+
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help})
+}
+
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help})
+}
+
+// moduleVersion is the main module's version from the build info: a tag for
+// `go install …@v1.2.3`, "(devel)" for a local build.
+func moduleVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "unknown"
+}
