@@ -5,6 +5,7 @@ package deps
 import (
 	_ "github.com/jackc/pglogrepl"
 	_ "github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/prometheus/client_golang/prometheus"
 	_ "github.com/prometheus/common/expfmt"
 	_ "github.com/redis/go-redis/v9"
