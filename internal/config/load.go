@@ -1,0 +1,438 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Environment variables read by Load. DESIGN §6 fixes their names.
+const (
+	EnvConfig      = "WALCOUNT_CONFIG"
+	EnvDatabaseURL = "WALCOUNT_DATABASE_URL"
+	EnvRedisURL    = "WALCOUNT_REDIS_URL"
+	// EnvDatabaseURLFallback and EnvRedisURLFallback are the conventional
+	// names that platforms (Heroku, Render, docker compose files) set; the
+	// WALCOUNT_ names win over them.
+	EnvDatabaseURLFallback = "DATABASE_URL"
+	EnvRedisURLFallback    = "REDIS_URL"
+)
+
+// Overrides are the settings given as command-line flags. A nil field was
+// not given and leaves the value from the file, the environment or the
+// default in place.
+type Overrides struct {
+	DatabaseURL   *string
+	RedisURL      *string
+	Slot          *string
+	Publication   *string
+	HTTPAddr      *string
+	LogLevel      *string
+	FlushInterval *time.Duration
+}
+
+// Load builds the Config that walcount runs with. Each setting comes from
+// the first of these that sets it:
+//
+//	flag (ov)  >  file  >  environment  >  default
+//
+// The database URL is ov.DatabaseURL, else the file's database_url, else
+// WALCOUNT_DATABASE_URL, else DATABASE_URL, else DefaultDatabaseURL; the
+// Redis URL likewise with redis_url, WALCOUNT_REDIS_URL and REDIS_URL. The
+// file is path (the --config flag), else WALCOUNT_CONFIG; with neither there
+// is no file. An environment variable set to the empty string counts as
+// unset. env looks variables up (nil means os.LookupEnv); it is also the
+// source of ${VAR} expansion in the file.
+//
+// The result is validated. Any problem is reported as a *Error, which names
+// where the bad value came from: the file, the flag or the variable.
+func Load(path string, env func(string) (string, bool), ov Overrides) (Config, error) {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	cfg := Default()
+	// origin maps a top-level field (its YAML name) to the flag or variable
+	// that set it, so that a problem can be blamed on the right place.
+	origin := map[string]string{}
+
+	if v, name, ok := firstEnv(env, EnvDatabaseURL, EnvDatabaseURLFallback); ok {
+		cfg.DatabaseURL, origin["database_url"] = v, name
+	}
+	if v, name, ok := firstEnv(env, EnvRedisURL, EnvRedisURLFallback); ok {
+		cfg.RedisURL, origin["redis_url"] = v, name
+	}
+
+	if path == "" {
+		path, _, _ = firstEnv(env, EnvConfig)
+	}
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return Config{}, &Error{Problems: []Problem{{Source: path, Msg: "read config file: " + err.Error()}}}
+		}
+		set, err := decode(data, path, env, &cfg)
+		if err != nil {
+			return Config{}, err
+		}
+		for field := range set {
+			delete(origin, field) // the file overrides the environment
+		}
+	}
+
+	flag := func(dst *string, v *string, field, name string) {
+		if v != nil {
+			*dst, origin[field] = *v, name
+		}
+	}
+	flag(&cfg.DatabaseURL, ov.DatabaseURL, "database_url", "--database-url")
+	flag(&cfg.RedisURL, ov.RedisURL, "redis_url", "--redis-url")
+	flag(&cfg.Slot, ov.Slot, "slot", "--slot")
+	flag(&cfg.Publication, ov.Publication, "publication", "--publication")
+	flag(&cfg.HTTPAddr, ov.HTTPAddr, "http_addr", "--http-addr")
+	flag(&cfg.LogLevel, ov.LogLevel, "log_level", "--log-level")
+	if ov.FlushInterval != nil {
+		cfg.FlushInterval, origin["flush_interval"] = *ov.FlushInterval, "--flush-interval"
+	}
+
+	if err := cfg.Validate(); err != nil {
+		var ce *Error
+		if !errors.As(err, &ce) {
+			return Config{}, err
+		}
+		for i := range ce.Problems {
+			p := &ce.Problems[i]
+			if o, ok := origin[topField(p.Field)]; ok {
+				// A flag or a variable holds exactly one value: its
+				// name says everything the field path would.
+				p.Source, p.Field = o, ""
+			} else if path != "" {
+				p.Source = path
+			}
+		}
+		return Config{}, ce
+	}
+	return cfg, nil
+}
+
+// Parse reads a YAML configuration file over Default and validates the
+// result. source names the file in errors. ${VAR} and ${VAR:-default} are
+// expanded from the process environment first (see Expand). Unknown fields
+// are rejected so that a misspelt setting cannot silently keep its default.
+func Parse(data []byte, source string) (Config, error) {
+	cfg := Default()
+	if _, err := decode(data, source, os.LookupEnv, &cfg); err != nil {
+		return Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) {
+			for i := range ce.Problems {
+				ce.Problems[i].Source = source
+			}
+		}
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// fileConfig is the YAML layout of a configuration file. It is separate
+// from Config because Config's tags cannot be decoded as they are (Slot and
+// SlotSettings both claim "slot") and because names in the file are SQL
+// identifiers that are normalised on the way in.
+type fileConfig struct {
+	DatabaseURL       string        `yaml:"database_url"`
+	RedisURL          string        `yaml:"redis_url"`
+	Slot              string        `yaml:"slot"`
+	Publication       string        `yaml:"publication"`
+	FlushInterval     time.Duration `yaml:"flush_interval"`
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	HTTPAddr          string        `yaml:"http_addr"`
+	LogLevel          string        `yaml:"log_level"`
+	Counters          []fileCounter `yaml:"counters"`
+	SlotMonitor       SlotSettings  `yaml:"slot_monitor"`
+	Reconcile         fileReconcile `yaml:"reconcile"`
+}
+
+type fileReconcile struct {
+	BatchSize int            `yaml:"batch_size"`
+	Interval  *time.Duration `yaml:"interval"`
+}
+
+type fileCounter struct {
+	Name      string               `yaml:"name"`
+	Source    string               `yaml:"source"`
+	Key       string               `yaml:"key"`
+	Target    string               `yaml:"target"`
+	TargetKey string               `yaml:"target_key"`
+	Column    string               `yaml:"column"`
+	Sum       string               `yaml:"sum"`
+	Where     map[string]yaml.Node `yaml:"where"`
+}
+
+// decode expands data, decodes it over *cfg and returns the set of
+// top-level keys the file sets. It does not validate.
+func decode(data []byte, source string, env func(string) (string, bool), cfg *Config) (map[string]bool, error) {
+	expanded, err := Expand(data, env)
+	if err != nil {
+		var ce *Error
+		if errors.As(err, &ce) {
+			for i := range ce.Problems {
+				ce.Problems[i].Source = source
+			}
+		}
+		return nil, err
+	}
+
+	// The top-level keys are needed for precedence (a key the file sets
+	// overrides the environment even when its value equals the default).
+	var doc yaml.Node
+	if err := yaml.Unmarshal(expanded, &doc); err != nil {
+		return nil, yamlError(source, err)
+	}
+	set := map[string]bool{}
+	if len(doc.Content) == 1 && doc.Content[0].Kind == yaml.MappingNode {
+		m := doc.Content[0]
+		for i := 0; i+1 < len(m.Content); i += 2 {
+			set[m.Content[i].Value] = true
+		}
+	} else if len(doc.Content) == 1 && !(doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null") {
+		return nil, &Error{Problems: []Problem{{Source: source, Line: doc.Content[0].Line, Msg: "the file must be a mapping of settings"}}}
+	}
+
+	fc := fileConfig{
+		DatabaseURL:       cfg.DatabaseURL,
+		RedisURL:          cfg.RedisURL,
+		Slot:              cfg.Slot,
+		Publication:       cfg.Publication,
+		FlushInterval:     cfg.FlushInterval,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		HTTPAddr:          cfg.HTTPAddr,
+		LogLevel:          cfg.LogLevel,
+		SlotMonitor:       cfg.SlotSettings,
+		Reconcile:         fileReconcile{BatchSize: cfg.Reconcile.BatchSize, Interval: cfg.Reconcile.Interval},
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(expanded))
+	dec.KnownFields(true)
+	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, yamlError(source, err)
+	}
+
+	cfg.DatabaseURL = fc.DatabaseURL
+	cfg.RedisURL = fc.RedisURL
+	cfg.Slot = fc.Slot
+	cfg.Publication = fc.Publication
+	cfg.FlushInterval = fc.FlushInterval
+	cfg.HeartbeatInterval = fc.HeartbeatInterval
+	cfg.HTTPAddr = fc.HTTPAddr
+	cfg.LogLevel = fc.LogLevel
+	cfg.SlotSettings = fc.SlotMonitor
+	cfg.Reconcile = ReconcileSettings{BatchSize: fc.Reconcile.BatchSize, Interval: fc.Reconcile.Interval}
+
+	// An absent or empty counters list keeps the default counter, as
+	// Config.Counters documents.
+	if len(fc.Counters) > 0 {
+		counters, problems := fileCounters(fc.Counters)
+		if len(problems) > 0 {
+			for i := range problems {
+				problems[i].Source = source
+			}
+			return nil, &Error{Problems: problems}
+		}
+		cfg.Counters = counters
+	}
+	return set, nil
+}
+
+// fileCounters turns the counters of a file into Counters: column names are
+// read as SQL identifiers (lowercased unless double-quoted) and where values
+// must be scalars or null.
+func fileCounters(in []fileCounter) ([]Counter, []Problem) {
+	var problems []Problem
+	out := make([]Counter, len(in))
+	for i, fc := range in {
+		field := counterField(i, fc.Name)
+		col := func(name, v string) string {
+			if v == "" {
+				return ""
+			}
+			id, err := parseIdent(v)
+			if err != nil {
+				problems = append(problems, Problem{Field: field + "." + name, Msg: err.Error()})
+				return v
+			}
+			return id
+		}
+		c := Counter{
+			Name:      fc.Name,
+			Source:    fc.Source,
+			Key:       col("key", fc.Key),
+			Target:    fc.Target,
+			TargetKey: col("target_key", fc.TargetKey),
+			Column:    col("column", fc.Column),
+			Sum:       col("sum", fc.Sum),
+		}
+		if fc.Where != nil {
+			c.Where = make(map[string]*string, len(fc.Where))
+		}
+		for k, n := range fc.Where {
+			wf := field + ".where." + k
+			name := col("where."+k, k)
+			if n.Kind == yaml.AliasNode && n.Alias != nil {
+				n = *n.Alias
+			}
+			if _, dup := c.Where[name]; dup {
+				problems = append(problems, Problem{Field: wf, Msg: fmt.Sprintf("column %q is listed twice", name)})
+				continue
+			}
+			switch {
+			case n.Kind == yaml.ScalarNode && n.Tag == "!!null":
+				c.Where[name] = nil
+			case n.Kind == yaml.ScalarNode:
+				v := n.Value
+				c.Where[name] = &v
+			default:
+				problems = append(problems, Problem{Line: n.Line, Field: wf, Msg: "must be a string, number, boolean or null"})
+			}
+		}
+		out[i] = c
+	}
+	return out, problems
+}
+
+// yamlLine matches the "line N: message" form of go-yaml's errors.
+var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+
+// yamlTypeNames replaces go-yaml's mentions of the decoding types with
+// words a user of the file understands.
+var yamlTypeNames = strings.NewReplacer(
+	"in type config.fileCounter", "in a counter",
+	"in type config.fileConfig", "at the top level",
+	"in type config.fileReconcile", "in reconcile",
+	"in type config.SlotSettings", "in slot_monitor",
+	"into time.Duration", "into a duration (write it like 1s, 500ms or 1h)",
+	"into []config.fileCounter", "into the counters list",
+	"into config.fileCounter", "into a counter",
+	"into config.fileConfig", "into the settings",
+	"into config.fileReconcile", "into reconcile settings",
+	"into config.SlotSettings", "into slot_monitor settings",
+	"into map[string]yaml.Node", "into a where mapping",
+)
+
+// yamlError turns a go-yaml error into a *Error that keeps its line numbers.
+func yamlError(source string, err error) error {
+	var msgs []string
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	} else {
+		msgs = []string{err.Error()}
+	}
+	ce := &Error{}
+	for _, m := range msgs {
+		p := Problem{Source: source, Msg: strings.TrimPrefix(m, "yaml: ")}
+		if sm := yamlLine.FindStringSubmatch(m); sm != nil {
+			p.Line, _ = strconv.Atoi(sm[1])
+			p.Msg = sm[2]
+		}
+		if f, ok := strings.CutPrefix(p.Msg, "field "); ok {
+			if name, _, ok := strings.Cut(f, " not found "); ok {
+				p.Msg = fmt.Sprintf("unknown field %q %s", name, yamlTypeNames.Replace(strings.TrimPrefix(f, name+" not found ")))
+			}
+		}
+		p.Msg = yamlTypeNames.Replace(p.Msg)
+		ce.Problems = append(ce.Problems, p)
+	}
+	return ce
+}
+
+// Expand replaces ${VAR} with the value of VAR and ${VAR:-default} with the
+// value of VAR, or default when VAR is unset or empty. A reference to an
+// unset variable without a default is an error that names it, so that a
+// forgotten secret fails loudly instead of connecting with an empty
+// password. "$${" stands for a literal "${"; any other "$" is left as it is,
+// so passwords containing "$" need no escaping.
+//
+// Problems are returned as a *Error with line numbers and no Source.
+// Expansion is textual and happens before YAML parsing: a value that
+// contains YAML syntax should be quoted in the file ("${VAR}").
+func Expand(data []byte, env func(string) (string, bool)) ([]byte, error) {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	var out bytes.Buffer
+	var problems []Problem
+	line := 1
+	for i := 0; i < len(data); {
+		c := data[i]
+		switch {
+		case c == '\n':
+			line++
+		case c == '$' && bytes.HasPrefix(data[i:], []byte("$${")):
+			out.WriteString("${")
+			i += 3
+			continue
+		case c == '$' && i+1 < len(data) && data[i+1] == '{':
+			end := bytes.IndexByte(data[i:], '}')
+			if end < 0 || bytes.IndexByte(data[i:i+end], '\n') >= 0 {
+				problems = append(problems, Problem{Line: line, Msg: "unterminated ${ (write $${ for a literal ${)"})
+				out.Write(data[i:])
+				i = len(data)
+				continue
+			}
+			ref := string(data[i+2 : i+end])
+			name, def, hasDef := strings.Cut(ref, ":-")
+			v, ok := env(name)
+			switch {
+			case !envName.MatchString(name):
+				problems = append(problems, Problem{Line: line, Msg: fmt.Sprintf("${%s}: %q is not a variable name", ref, name)})
+			case hasDef && (!ok || v == ""):
+				v = def
+			case !ok:
+				problems = append(problems, Problem{Line: line, Msg: fmt.Sprintf("${%s}: environment variable %s is not set", ref, name)})
+			}
+			out.WriteString(v)
+			i += end + 1
+			continue
+		}
+		out.WriteByte(c)
+		i++
+	}
+	if len(problems) > 0 {
+		return nil, &Error{Problems: problems}
+	}
+	return out.Bytes(), nil
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// firstEnv returns the first of the named variables that is set and not
+// empty, with its name.
+func firstEnv(env func(string) (string, bool), names ...string) (value, name string, ok bool) {
+	for _, n := range names {
+		if v, ok := env(n); ok && v != "" {
+			return v, n, true
+		}
+	}
+	return "", "", false
+}
+
+// topField returns the top-level YAML key of a problem's field path.
+func topField(field string) string {
+	if i := strings.IndexAny(field, ".[ "); i >= 0 {
+		return field[:i]
+	}
+	return field
+}
