@@ -1,0 +1,346 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/redisbuf"
+)
+
+// Defaults of Options.
+const (
+	// DefaultMaxPendingKeys caps the distinct keys coalesced in memory
+	// before they are written to Redis.
+	DefaultMaxPendingKeys = 50_000
+	// DefaultMaxPendingAge caps how long committed deltas wait in memory
+	// while the input keeps coming.
+	DefaultMaxPendingAge = 50 * time.Millisecond
+)
+
+// Buffer is the part of the Redis buffer the aggregator writes.
+type Buffer interface {
+	Apply(ctx context.Context, prev, last cdc.LSN, deltas []redisbuf.Delta) (bool, error)
+}
+
+// Barrierer applies a TRUNCATE barrier; the sink implements it.
+type Barrierer interface {
+	Barrier(ctx context.Context, end cdc.LSN, reset []string, deltas []redisbuf.Delta) error
+}
+
+// CommitRecorder is told the commit time of every applied transaction
+// (for walcount_apply_lag_seconds).
+type CommitRecorder interface {
+	Record(end cdc.LSN, commit time.Time)
+}
+
+// MessageHandler receives walcount's own logical messages (prefix
+// "walcount") at their place in the stream. It may return deltas, which
+// are added to the message's transaction as ordinary deltas.
+type MessageHandler func(end cdc.LSN, xid uint32, content []byte) ([]redisbuf.Delta, error)
+
+// TxnObserver sees every committed transaction with its deltas (before
+// coalescing across transactions); reconciliation uses it.
+type TxnObserver func(xid uint32, end cdc.LSN, deltas map[string]int64)
+
+// Options configure an Aggregator.
+type Options struct {
+	Counters []config.Counter
+	Buffer   Buffer
+	Barrier  Barrierer
+	// Start is the end LSN of the last transaction Redis or PostgreSQL
+	// already holds (meta.lsn): the chain continues from it and every
+	// transaction ending at or before it is skipped.
+	Start cdc.LSN
+	// Commits, Messages and Observe are optional.
+	Commits  CommitRecorder
+	Messages MessageHandler
+	Observe  TxnObserver
+	// MaxPendingKeys: default DefaultMaxPendingKeys.
+	MaxPendingKeys int
+	// MaxPendingAge: default DefaultMaxPendingAge.
+	MaxPendingAge time.Duration
+	Metrics       *metrics.Metrics
+	Logger        *zap.Logger
+}
+
+// Aggregator consumes the cdc stream. It is used by one goroutine.
+type Aggregator struct {
+	opt   Options
+	log   *zap.Logger
+	rules map[*cdc.Relation][]rule
+
+	// prev is the chain tip in Redis: the last end LSN written.
+	prev cdc.LSN
+
+	// Current transaction.
+	inTxn  bool
+	skip   bool
+	xid    uint32
+	txn    map[string]int64
+	resets map[string]bool
+
+	// Pending batch: committed transactions not yet in Redis.
+	pending      map[string]int64
+	pendingLast  cdc.LSN
+	pendingSince time.Time
+	pendingTxns  int
+	scratch      []redisbuf.Delta
+}
+
+// New returns an Aggregator continuing the chain at opt.Start.
+func New(opt Options) *Aggregator {
+	if opt.MaxPendingKeys <= 0 {
+		opt.MaxPendingKeys = DefaultMaxPendingKeys
+	}
+	if opt.MaxPendingAge <= 0 {
+		opt.MaxPendingAge = DefaultMaxPendingAge
+	}
+	if opt.Logger == nil {
+		opt.Logger = zap.NewNop()
+	}
+	if opt.Metrics == nil {
+		opt.Metrics = metrics.New()
+	}
+	return &Aggregator{
+		opt:     opt,
+		log:     opt.Logger,
+		rules:   make(map[*cdc.Relation][]rule),
+		prev:    opt.Start,
+		txn:     make(map[string]int64),
+		resets:  make(map[string]bool),
+		pending: make(map[string]int64),
+	}
+}
+
+// Position returns the end LSN of the last transaction written to Redis.
+func (a *Aggregator) Position() cdc.LSN { return a.prev }
+
+// Run consumes batches until in is closed or ctx is done, then writes
+// what is pending. release, if not nil, gets every consumed batch back.
+func (a *Aggregator) Run(ctx context.Context, in <-chan *cdc.Batch, release func(*cdc.Batch)) error {
+	for {
+		var b *cdc.Batch
+		var ok bool
+		select {
+		case b, ok = <-in:
+		case <-ctx.Done():
+			return a.writePending(context.WithoutCancel(ctx))
+		}
+		if !ok {
+			return a.writePending(context.WithoutCancel(ctx))
+		}
+		if err := a.Process(ctx, b.Events); err != nil {
+			return err
+		}
+		if release != nil {
+			release(b)
+		}
+		// Write when the input is drained, so a quiet stream is fresh,
+		// or when the pending batch is big or old enough under load.
+		if len(in) == 0 || len(a.pending) >= a.opt.MaxPendingKeys ||
+			(a.pendingTxns > 0 && time.Since(a.pendingSince) >= a.opt.MaxPendingAge) {
+			if err := a.writePending(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Process handles events in order. It writes to Redis only for TRUNCATE
+// barriers; call Flush to write the pending batch.
+func (a *Aggregator) Process(ctx context.Context, events []cdc.Event) error {
+	for i := range events {
+		if err := a.handle(ctx, &events[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Flush writes the pending batch to Redis.
+func (a *Aggregator) Flush(ctx context.Context) error { return a.writePending(ctx) }
+
+func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
+	switch ev.Kind {
+	case cdc.KindBegin:
+		a.inTxn, a.xid = true, ev.Xid
+		// ev.LSN is the commit record's start. Commit records do not
+		// overlap, so it lies below prev exactly when the transaction's
+		// end LSN is at or below prev: already applied.
+		a.skip = ev.LSN < a.prev
+		clear(a.txn)
+		clear(a.resets)
+	case cdc.KindChange:
+		if a.skip {
+			return nil
+		}
+		if err := a.change(ev); err != nil {
+			return err
+		}
+		return failpoint.Inject(failpoint.MidTransaction)
+	case cdc.KindTruncate:
+		if a.skip {
+			return nil
+		}
+		for _, rel := range ev.Rels {
+			for _, c := range a.opt.Counters {
+				if !sourceIs(c, rel) {
+					continue
+				}
+				a.resets[c.Name] = true
+				a.opt.Metrics.Changes.WithLabelValues(c.Name, "truncate").Inc()
+				// Deltas of this counter earlier in the transaction are
+				// erased by the TRUNCATE.
+				for f := range a.txn {
+					if name, _, _ := redisbuf.SplitField(f); name == c.Name {
+						delete(a.txn, f)
+					}
+				}
+			}
+		}
+	case cdc.KindMessage:
+		if a.skip || ev.Prefix != cdc.MessagePrefix || a.opt.Messages == nil {
+			return nil
+		}
+		ds, err := a.opt.Messages(ev.LSN, a.xid, ev.Content)
+		if err != nil {
+			return err
+		}
+		for _, d := range ds {
+			a.add(d.Field, d.N)
+		}
+	case cdc.KindCommit:
+		a.inTxn = false
+		if a.skip || ev.LSN <= a.prev || ev.LSN <= a.pendingLast {
+			a.skip = false
+			return nil
+		}
+		return a.commit(ctx, ev)
+	}
+	return nil
+}
+
+
+func (a *Aggregator) change(ev *cdc.Event) error {
+	rules, ok := a.rules[ev.Rel]
+	if !ok {
+		var err error
+		if rules, err = bindRules(ev.Rel, a.opt.Counters); err != nil {
+			return fmt.Errorf("bind counters to %s: %w", ev.Rel.QualifiedName(), err)
+		}
+		for i := range rules {
+			for _, op := range []cdc.Op{cdc.OpInsert, cdc.OpUpdate, cdc.OpDelete} {
+				rules[i].changed[op] = a.opt.Metrics.Changes.WithLabelValues(rules[i].counter, op.String())
+			}
+		}
+		a.rules[ev.Rel] = rules
+	}
+	for i := range rules {
+		r := &rules[i]
+		r.changed[ev.Op].Inc()
+		oldC, err := r.contribute(ev.Old, ev.New)
+		if err != nil {
+			return fmt.Errorf("counter %s: %s on %s: %w", r.counter, ev.Op, ev.Rel.QualifiedName(), err)
+		}
+		newC, err := r.contribute(ev.New, ev.Old)
+		if err != nil {
+			return fmt.Errorf("counter %s: %s on %s: %w", r.counter, ev.Op, ev.Rel.QualifiedName(), err)
+		}
+		if ev.Op == cdc.OpUpdate && !ev.Old.Present() {
+			// No old image: the replica identity columns did not change,
+			// and bindRules made sure every column the rule reads is one
+			// of them, so the old contribution equals the new one.
+			continue
+		}
+		if oldC.ok && newC.ok && oldC.amount == newC.amount && string(oldC.key) == string(newC.key) {
+			continue
+		}
+		if oldC.ok && oldC.amount != 0 {
+			a.addKey(r.counter, oldC.key, -oldC.amount)
+		}
+		if newC.ok && newC.amount != 0 {
+			a.addKey(r.counter, newC.key, newC.amount)
+		}
+	}
+	return nil
+}
+
+func (a *Aggregator) addKey(counter string, key []byte, n int64) {
+	a.add(counter+":"+string(key), n)
+}
+
+func (a *Aggregator) add(field string, n int64) {
+	if v := a.txn[field] + n; v != 0 {
+		a.txn[field] = v
+	} else {
+		delete(a.txn, field)
+	}
+}
+
+// commit merges the transaction into the pending batch, or runs it as a
+// barrier when it truncated a source table.
+func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
+	a.opt.Metrics.Transactions.Inc()
+	if a.opt.Observe != nil {
+		a.opt.Observe(a.xid, ev.LSN, a.txn)
+	}
+	if len(a.resets) > 0 {
+		if err := a.writePending(ctx); err != nil {
+			return err
+		}
+		reset := make([]string, 0, len(a.resets))
+		for name := range a.resets {
+			reset = append(reset, name)
+		}
+		deltas := make([]redisbuf.Delta, 0, len(a.txn))
+		for f, n := range a.txn {
+			deltas = append(deltas, redisbuf.Delta{Field: f, N: n})
+		}
+		if err := a.opt.Barrier.Barrier(ctx, ev.LSN, reset, deltas); err != nil {
+			return fmt.Errorf("truncate barrier at %s: %w", ev.LSN, err)
+		}
+		a.prev = ev.LSN
+		return nil
+	}
+	for f, n := range a.txn {
+		if v := a.pending[f] + n; v != 0 {
+			a.pending[f] = v
+		} else {
+			delete(a.pending, f)
+		}
+	}
+	if a.pendingTxns == 0 {
+		a.pendingSince = time.Now()
+	}
+	a.pendingTxns++
+	a.pendingLast = ev.LSN
+	if a.opt.Commits != nil {
+		a.opt.Commits.Record(ev.LSN, ev.Time)
+	}
+	return nil
+}
+
+// writePending writes the pending batch to Redis in one script call.
+func (a *Aggregator) writePending(ctx context.Context) error {
+	if a.pendingTxns == 0 || a.pendingLast <= a.prev {
+		return nil
+	}
+	a.scratch = a.scratch[:0]
+	for f, n := range a.pending {
+		a.scratch = append(a.scratch, redisbuf.Delta{Field: f, N: n})
+	}
+	if _, err := a.opt.Buffer.Apply(ctx, a.prev, a.pendingLast, a.scratch); err != nil {
+		return err
+	}
+	a.prev = a.pendingLast
+	clear(a.pending)
+	a.pendingTxns = 0
+	return failpoint.Inject(failpoint.AfterApply)
+}

@@ -1,0 +1,352 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// Defaults of StreamConfig.
+const (
+	// DefaultStatusInterval is how often a standby status update is sent
+	// when nothing else prompts one. It must stay well below the server's
+	// wal_sender_timeout (default 60s).
+	DefaultStatusInterval = 10 * time.Second
+	// DefaultReceiveTimeout bounds every receive, so acks and status
+	// updates go out on time even when the server is silent.
+	DefaultReceiveTimeout = 500 * time.Millisecond
+	// DefaultQueueSize is the capacity, in batches, of the channel between
+	// the stream and its consumer.
+	DefaultQueueSize = 64
+	// DefaultBatchEvents is how many events a batch holds before it is
+	// handed over even if its transaction is still open.
+	DefaultBatchEvents = 4096
+)
+
+var (
+	// ErrSlotInUse is wrapped when another process streams from the slot.
+	ErrSlotInUse = errors.New("replication slot is in use by another process")
+	// ErrSlotMissing is wrapped when the slot does not exist.
+	ErrSlotMissing = errors.New("replication slot does not exist")
+)
+
+// StreamConfig configures a Stream.
+type StreamConfig struct {
+	// ConnString is the PostgreSQL URL; replication=database is added.
+	ConnString string
+	// Slot and Publication name the logical slot and the publication.
+	Slot        string
+	Publication string
+	// StartLSN is where streaming starts: W, the checkpoint.
+	StartLSN LSN
+	// StatusInterval: default DefaultStatusInterval.
+	StatusInterval time.Duration
+	// ReceiveTimeout: default DefaultReceiveTimeout.
+	ReceiveTimeout time.Duration
+	// QueueSize, in batches: default DefaultQueueSize.
+	QueueSize int
+	// BatchEvents: default DefaultBatchEvents.
+	BatchEvents int
+	// Observer receives progress callbacks; nil ignores them.
+	Observer Observer
+	// Logger: nil means no logging.
+	Logger *zap.Logger
+}
+
+// Observer is told what the stream does; metrics implement it. Its
+// methods are called from the stream's goroutine and must not block.
+type Observer interface {
+	// Received is called with the end of every WAL data message.
+	Received(lsn LSN)
+	// Blocked is called when handing a batch over had to wait.
+	Blocked(d time.Duration)
+}
+
+// Stream owns one replication connection. Run is its only user; Ack may
+// be called from any goroutine.
+type Stream struct {
+	cfg  StreamConfig
+	log  *zap.Logger
+	conn *pgconn.PgConn
+	out  chan *Batch
+	pool sync.Pool
+
+	ack     atomic.Uint64 // W: the position to confirm
+	ackWake chan struct{}
+	recv    atomic.Uint64 // highest WAL position received
+}
+
+// Connect opens a replication connection and starts streaming from
+// cfg.StartLSN. When another process holds the slot it fails with an
+// error wrapping ErrSlotInUse, so a standby instance can wait and retry.
+func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = DefaultStatusInterval
+	}
+	if cfg.ReceiveTimeout <= 0 {
+		cfg.ReceiveTimeout = DefaultReceiveTimeout
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.BatchEvents <= 0 {
+		cfg.BatchEvents = DefaultBatchEvents
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	pcfg, err := pgconn.ParseConfig(cfg.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	pcfg.RuntimeParams["application_name"] = "walcount"
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect for replication: %w", err)
+	}
+	args := []string{
+		"proto_version '1'",
+		"publication_names " + quoteLiteral(cfg.Publication),
+		"messages 'true'",
+	}
+	err = pglogrepl.StartReplication(ctx, conn, quoteIdent(cfg.Slot), cfg.StartLSN,
+		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
+	if err != nil {
+		conn.Close(context.Background())
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			switch pgErr.Code {
+			case "55006": // object_in_use
+				return nil, fmt.Errorf("start replication on slot %q: %w: %s", cfg.Slot, ErrSlotInUse, pgErr.Message)
+			case "42704": // undefined_object
+				return nil, fmt.Errorf("start replication on slot %q: %w (run walcount setup): %s", cfg.Slot, ErrSlotMissing, pgErr.Message)
+			}
+		}
+		return nil, fmt.Errorf("start replication on slot %q: %w", cfg.Slot, err)
+	}
+	s := &Stream{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		conn:    conn,
+		out:     make(chan *Batch, cfg.QueueSize),
+		ackWake: make(chan struct{}, 1),
+	}
+	s.ack.Store(uint64(cfg.StartLSN))
+	s.recv.Store(uint64(cfg.StartLSN))
+	return s, nil
+}
+
+// Batches is the stream's output. It is closed when Run returns.
+func (s *Stream) Batches() <-chan *Batch { return s.out }
+
+// Release hands a consumed batch back for reuse. The caller must not use
+// the batch or any tuple in it afterwards.
+func (s *Stream) Release(b *Batch) {
+	b.reset()
+	s.pool.Put(b)
+}
+
+// Ack records W, the end LSN of the last transaction whose deltas are
+// committed to the counter columns. It never moves backwards. The next
+// status update carries it; Ack does not touch the connection.
+func (s *Stream) Ack(lsn LSN) {
+	for {
+		cur := s.ack.Load()
+		if uint64(lsn) <= cur {
+			return
+		}
+		if s.ack.CompareAndSwap(cur, uint64(lsn)) {
+			break
+		}
+	}
+	select {
+	case s.ackWake <- struct{}{}:
+	default:
+	}
+}
+
+// Acked returns the position the next status update confirms.
+func (s *Stream) Acked() LSN { return LSN(s.ack.Load()) }
+
+// ReceivedLSN returns the highest WAL position received so far.
+func (s *Stream) ReceivedLSN() LSN { return LSN(s.recv.Load()) }
+
+// QueueDepth returns how many batches wait for the consumer.
+func (s *Stream) QueueDepth() int { return len(s.out) }
+
+// Close closes the connection. Call it after Run has returned.
+func (s *Stream) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.conn.Close(ctx)
+}
+
+func (s *Stream) newBatch() *Batch {
+	if b, ok := s.pool.Get().(*Batch); ok {
+		return b
+	}
+	return &Batch{Events: make([]Event, 0, 256)}
+}
+
+// Run receives, decodes and hands over events until ctx is done or the
+// connection fails. It sends a final status update confirming W on the
+// way out when the connection still works.
+func (s *Stream) Run(ctx context.Context) error {
+	defer close(s.out)
+	dec := NewDecoder()
+	batch := s.newBatch()
+	sentAck := LSN(0)
+	nextStatus := time.Now()
+	for {
+		if ctx.Err() != nil {
+			_ = s.sendStatus(false)
+			return nil
+		}
+		now := time.Now()
+		if acked := s.Acked(); acked != sentAck || !now.Before(nextStatus) {
+			if err := s.sendStatus(false); err != nil {
+				return err
+			}
+			sentAck = acked
+			nextStatus = now.Add(s.cfg.StatusInterval)
+		}
+		deadline := now.Add(s.cfg.ReceiveTimeout)
+		if nextStatus.Before(deadline) {
+			deadline = nextStatus
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		msg, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				continue // the loop head sends the final update
+			}
+			if pgconn.Timeout(err) {
+				// Nothing arrived in time: hand over what is decoded so
+				// the consumer is not starved by a half-full batch.
+				if len(batch.Events) > 0 {
+					if batch, err = s.handOver(ctx, batch); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			return fmt.Errorf("receive replication message: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				if ka.ReplyRequested {
+					if err := s.sendStatus(false); err != nil {
+						return err
+					}
+					sentAck = s.Acked()
+					nextStatus = time.Now().Add(s.cfg.StatusInterval)
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse xlogdata: %w", err)
+				}
+				if err := dec.Decode(xld.WALData, batch); err != nil {
+					return fmt.Errorf("decode wal at %s: %w", xld.WALStart, err)
+				}
+				end := xld.WALStart + LSN(len(xld.WALData))
+				if uint64(end) > s.recv.Load() {
+					s.recv.Store(uint64(end))
+				}
+				if s.cfg.Observer != nil {
+					s.cfg.Observer.Received(end)
+				}
+				n := len(batch.Events)
+				if n >= s.cfg.BatchEvents || (n > 0 && batch.Events[n-1].Kind == KindCommit && len(s.out) == 0) {
+					// Hand over on commit only when the consumer is
+					// idle; otherwise keep filling to amortise sends.
+					if batch, err = s.handOver(ctx, batch); err != nil {
+						return err
+					}
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return errors.New("replication stream: server ended the stream")
+		}
+	}
+}
+
+// handOver sends b downstream and returns a fresh batch. While the
+// consumer is slow it blocks (backpressure), but keeps sending status
+// updates so the server does not time the connection out, and logs the
+// stall once.
+func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
+	select {
+	case s.out <- b:
+		return s.newBatch(), nil
+	default:
+	}
+	start := time.Now()
+	logged := false
+	tick := time.NewTicker(s.cfg.StatusInterval / 2)
+	defer tick.Stop()
+	defer func() {
+		if s.cfg.Observer != nil {
+			s.cfg.Observer.Blocked(time.Since(start))
+		}
+	}()
+	for {
+		select {
+		case s.out <- b:
+			return s.newBatch(), nil
+		case <-ctx.Done():
+			return b, nil // Run notices ctx and stops
+		case <-tick.C:
+			if !logged {
+				s.log.Warn("consumer is slow; replication reading is paused (backpressure)",
+					zap.Duration("blocked_for", time.Since(start)), zap.Int("queue", cap(s.out)))
+				logged = true
+			}
+			if err := s.sendStatus(false); err != nil {
+				return b, err
+			}
+		}
+	}
+}
+
+// sendStatus sends a standby status update. Write is the received
+// position; flush and apply are W, set explicitly because pglogrepl copies
+// the write position into a zero flush field (DESIGN §2 rule 3).
+func (s *Stream) sendStatus(replyRequested bool) error {
+	w := s.Acked()
+	recv := s.ReceivedLSN()
+	if recv < w {
+		recv = w
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: recv,
+		WALFlushPosition: w,
+		WALApplyPosition: w,
+		ReplyRequested:   replyRequested,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status update: %w", err)
+	}
+	return nil
+}

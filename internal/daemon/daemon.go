@@ -1,0 +1,263 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/aggregator"
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/internal/redisbuf"
+	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/sink"
+)
+
+// Defaults of Options.
+const (
+	DefaultRetryMin = 500 * time.Millisecond
+	DefaultRetryMax = 30 * time.Second
+	// DefaultTakeoverPoll is how often a standby instance retries a slot
+	// that another walcount holds.
+	DefaultTakeoverPoll = time.Second
+)
+
+// Options configure a Daemon.
+type Options struct {
+	Config config.Config
+	// ShutdownTimeout bounds the final flush; default
+	// config.DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// StatusInterval and ReceiveTimeout tune cdc; zero uses cdc's
+	// defaults.
+	StatusInterval time.Duration
+	ReceiveTimeout time.Duration
+	// RetryMin and RetryMax bound the backoff between sessions.
+	RetryMin, RetryMax time.Duration
+	Metrics            *metrics.Metrics
+	Logger             *zap.Logger
+}
+
+// Daemon is walcount run. Create it with New, start it with Run.
+type Daemon struct {
+	opt  Options
+	cfg  config.Config
+	log  *zap.Logger
+	m    *metrics.Metrics
+	pool *pgxpool.Pool
+	rdb  *redis.Client
+	buf  *redisbuf.Buffer
+	lag  *sink.LagTracker
+	mon  *monitor.Monitor
+
+	mu    sync.Mutex
+	state state
+}
+
+// state is what /status shows; guarded by Daemon.mu.
+type state struct {
+	streaming    bool
+	stream       *cdc.Stream
+	flusher      *sink.Flusher
+	lastErr      error
+	lastErrAt    time.Time
+	failures     int
+	sessionStart time.Time
+	waiting      bool
+}
+
+// New connects nothing yet; it validates the URLs and builds the clients.
+func New(opt Options) (*Daemon, error) {
+	if opt.ShutdownTimeout <= 0 {
+		opt.ShutdownTimeout = config.DefaultShutdownTimeout
+	}
+	if opt.RetryMin <= 0 {
+		opt.RetryMin = DefaultRetryMin
+	}
+	if opt.RetryMax <= 0 {
+		opt.RetryMax = DefaultRetryMax
+	}
+	if opt.Logger == nil {
+		opt.Logger = zap.NewNop()
+	}
+	if opt.Metrics == nil {
+		opt.Metrics = metrics.New()
+	}
+	cfg := opt.Config
+	if len(cfg.Counters) == 0 {
+		cfg.Counters = []config.Counter{config.DefaultCounter()}
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, &config.Error{Problems: []config.Problem{{Field: "database_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.DatabaseURL), redactErr(err))}}}
+	}
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "walcount"
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("create postgres pool: %w", err)
+	}
+	ropt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		pool.Close()
+		return nil, &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.RedisURL), err)}}}
+	}
+	rdb := redis.NewClient(ropt)
+	for _, c := range cfg.Counters {
+		opt.Metrics.InitCounter(c.Name)
+	}
+	return &Daemon{
+		opt:  opt,
+		cfg:  cfg,
+		log:  opt.Logger.With(zap.String(logSlot, cfg.Slot)),
+		m:    opt.Metrics,
+		pool: pool,
+		rdb:  rdb,
+		buf:  redisbuf.New(rdb, cfg.Slot),
+		lag:  sink.NewLagTracker(0),
+		mon: monitor.NewMonitor(pool, cfg.Slot, cfg.SlotSettings.PollInterval, cfg.SlotSettings.MaxLagBytes,
+			opt.Metrics, opt.Logger.With(zap.String(logSlot, cfg.Slot))),
+	}, nil
+}
+
+// Log field keys.
+const (
+	logSlot = "slot"
+	logLSN  = "lsn"
+)
+
+// redactErr drops connection strings that parse errors may echo.
+func redactErr(err error) string { return redact.URL(err.Error()) }
+
+// Close releases the connections. Call it after Run returned.
+func (d *Daemon) Close() {
+	d.pool.Close()
+	_ = d.rdb.Close()
+}
+
+// Pool returns the daemon's PostgreSQL pool (for the HTTP API and
+// reconciliation).
+func (d *Daemon) Pool() *pgxpool.Pool { return d.pool }
+
+// Redis returns the daemon's Redis client.
+func (d *Daemon) Redis() *redis.Client { return d.rdb }
+
+// fatal reports whether err needs an operator rather than a retry.
+func fatal(err error) bool {
+	return errors.Is(err, failpoint.ErrCrash) ||
+		errors.Is(err, aggregator.ErrNotAttributable) ||
+		errors.Is(err, aggregator.ErrBadValue) ||
+		errors.Is(err, sink.ErrBadTarget) ||
+		errors.Is(err, sink.ErrNoCheckpoint) ||
+		errors.Is(err, cdc.ErrSlotMissing) ||
+		errors.Is(err, errBind) ||
+		isSlotLost(err)
+}
+
+var errBind = errors.New("bind counters")
+
+// Run runs sessions until ctx is done (returns nil after a clean
+// shutdown) or a fatal error occurs.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.log.Info("walcount starting",
+		zap.String("database", redact.URL(d.cfg.DatabaseURL)),
+		zap.String("redis", redact.URL(d.cfg.RedisURL)),
+		zap.String("publication", d.cfg.Publication),
+		zap.Duration("flush_interval", d.cfg.FlushInterval),
+		zap.Int("counters", len(d.cfg.Counters)))
+	// The slot monitor runs for the daemon's lifetime; a lost slot ends
+	// everything (DESIGN §2 rule 12).
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	monDone := make(chan struct{})
+	defer func() { cancel(nil); <-monDone }()
+	go func() {
+		defer close(monDone)
+		if err := d.mon.Run(ctx); err != nil {
+			d.log.Error("stopping: the replication slot is lost", zap.Error(err))
+			cancel(err)
+		}
+	}()
+	backoff := d.opt.RetryMin
+	for {
+		start := time.Now()
+		err := d.session(ctx)
+		if cause := context.Cause(ctx); isSlotLost(cause) {
+			d.setErr(cause)
+			return cause
+		}
+		if ctx.Err() != nil {
+			if err != nil && !errors.Is(err, context.Canceled) {
+				d.log.Warn("stopped with an error during shutdown", zap.Error(err))
+			}
+			return nil
+		}
+		if err == nil {
+			return nil
+		}
+		d.setErr(err)
+		if fatal(err) {
+			return err
+		}
+		wait := backoff
+		if errors.Is(err, cdc.ErrSlotInUse) {
+			wait = DefaultTakeoverPoll
+			d.mu.Lock()
+			first := !d.state.waiting
+			d.state.waiting = true
+			d.mu.Unlock()
+			if first {
+				d.log.Info("the slot is held by another walcount; waiting to take over", zap.Error(err))
+			}
+		} else {
+			if time.Since(start) > time.Minute {
+				backoff = d.opt.RetryMin
+				wait = backoff
+			}
+			d.logFailure(err, wait)
+			backoff = min(backoff*2, d.opt.RetryMax)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// logFailure logs the first failure of a streak as an error and later
+// ones at most every 30 seconds, so a long outage does not flood the log.
+func (d *Daemon) logFailure(err error, wait time.Duration) {
+	d.mu.Lock()
+	d.state.failures++
+	n := d.state.failures
+	d.mu.Unlock()
+	if n == 1 || n%8 == 0 {
+		d.log.Error("session failed; retrying", zap.Error(err), zap.Duration("retry_in", wait), zap.Int("failures", n))
+	} else {
+		d.log.Debug("session failed again", zap.Error(err), zap.Duration("retry_in", wait), zap.Int("failures", n))
+	}
+}
+
+func (d *Daemon) setErr(err error) {
+	d.mu.Lock()
+	d.state.lastErr = redactedError{err}
+	d.state.lastErrAt = time.Now()
+	d.state.streaming = false
+	d.mu.Unlock()
+	d.m.Streaming.Set(0)
+}
+
+// redactedError masks credentials in an error's text.
+type redactedError struct{ err error }
+
+func (e redactedError) Error() string { return redact.URL(e.err.Error()) }
+func (e redactedError) Unwrap() error { return e.err }

@@ -1,0 +1,369 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/redisbuf"
+)
+
+// DefaultChunkSize is how many keys one UPDATE statement carries.
+const DefaultChunkSize = 5000
+
+// ErrCheckpointMoved means the checkpoint is neither W nor past the batch
+// being flushed: someone else wrote it. The session must restart.
+var ErrCheckpointMoved = errors.New("checkpoint moved under the flusher")
+
+// AckFunc hands W to cdc once it is durable in PostgreSQL.
+type AckFunc func(lsn cdc.LSN)
+
+// Options configure a Flusher.
+type Options struct {
+	Pool     *pgxpool.Pool
+	Buffer   *redisbuf.Buffer
+	Slot     string
+	Counters []config.Counter
+	// Ack is called with every new W; nil ignores it.
+	Ack AckFunc
+	// Lag receives the applied positions for walcount_apply_lag_seconds;
+	// nil ignores them.
+	Lag *LagTracker
+	// ChunkSize: default DefaultChunkSize.
+	ChunkSize int
+	Metrics   *metrics.Metrics
+	Logger    *zap.Logger
+}
+
+// Flusher applies the Redis buffer to PostgreSQL. Its methods are safe for
+// concurrent use and run one at a time.
+type Flusher struct {
+	opt     Options
+	log     *zap.Logger
+	targets map[string]*target
+
+	mu        sync.Mutex
+	w         cdc.LSN
+	lastFlush time.Time
+}
+
+// NewFlusher resolves the counters' targets and reads W.
+func NewFlusher(ctx context.Context, opt Options) (*Flusher, error) {
+	if opt.ChunkSize <= 0 {
+		opt.ChunkSize = DefaultChunkSize
+	}
+	if opt.Logger == nil {
+		opt.Logger = zap.NewNop()
+	}
+	if opt.Metrics == nil {
+		opt.Metrics = metrics.New()
+	}
+	f := &Flusher{opt: opt, log: opt.Logger, targets: make(map[string]*target)}
+	for _, c := range opt.Counters {
+		t, err := resolveTarget(ctx, opt.Pool, c)
+		if err != nil {
+			return nil, err
+		}
+		f.targets[c.Name] = t
+	}
+	w, err := ReadCheckpoint(ctx, opt.Pool, opt.Slot)
+	if err != nil {
+		return nil, err
+	}
+	f.w = w
+	return f, nil
+}
+
+// SetAck sets the function that receives every new W. Call it before the
+// flusher runs.
+func (f *Flusher) SetAck(ack AckFunc) {
+	f.mu.Lock()
+	f.opt.Ack = ack
+	f.mu.Unlock()
+}
+
+// W returns the checkpoint as this flusher last committed or read it.
+func (f *Flusher) W() cdc.LSN {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.w
+}
+
+// LastFlush returns when the last flush committed.
+func (f *Flusher) LastFlush() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastFlush
+}
+
+// Run flushes every interval until ctx is done. It returns the first
+// error; the caller restarts the session.
+func (f *Flusher) Run(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := f.Flush(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// Flush applies everything buffered past W, or resumes an unfinished
+// flush. It reports whether W moved.
+func (f *Flusher) Flush(ctx context.Context) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.flushLocked(ctx)
+}
+
+func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
+	start := time.Now()
+	from, upto, ok, err := f.opt.Buffer.HandOver(ctx, f.w)
+	if err != nil || !ok {
+		return false, err
+	}
+	fields, err := f.opt.Buffer.Flushing(ctx)
+	if err != nil {
+		return false, err
+	}
+	batches, err := f.group(fields)
+	if err != nil {
+		return false, err
+	}
+	applied, err := f.apply(ctx, from, upto, batches, nil)
+	if err != nil {
+		f.opt.Metrics.FlushErrors.Inc()
+		return false, err
+	}
+	if err := failpoint.Inject(failpoint.AfterCommit); err != nil {
+		return false, err
+	}
+	if err := f.opt.Buffer.Done(ctx, from, upto); err != nil {
+		return false, err
+	}
+	if err := failpoint.Inject(failpoint.BeforeAck); err != nil {
+		return false, err
+	}
+	f.committed(upto)
+	if applied {
+		f.opt.Metrics.Flushes.Inc()
+		f.opt.Metrics.FlushDuration.Observe(time.Since(start).Seconds())
+		f.log.Debug("flushed", zap.String("from", from.String()), zap.String("upto", upto.String()),
+			zap.Int("keys", len(fields)), zap.Duration("took", time.Since(start)))
+	}
+	return true, nil
+}
+
+// committed records a new W and hands it on.
+func (f *Flusher) committed(w cdc.LSN) {
+	f.w = w
+	f.lastFlush = time.Now()
+	f.opt.Metrics.CheckpointLSN.Set(float64(w))
+	if f.opt.Lag != nil {
+		f.opt.Lag.Applied(w, f.lastFlush, f.opt.Metrics.ApplyLag)
+	}
+	if f.opt.Ack != nil {
+		f.opt.Ack(w)
+	}
+}
+
+// counterBatch is one counter's deltas, sorted by key.
+type counterBatch struct {
+	t      *target
+	keys   []string
+	deltas []int64
+}
+
+// group splits buffer fields by counter and sorts each counter's keys.
+func (f *Flusher) group(fields map[string]string) ([]*counterBatch, error) {
+	by := make(map[string]*counterBatch)
+	for field, v := range fields {
+		name, key, ok := redisbuf.SplitField(field)
+		if !ok {
+			return nil, fmt.Errorf("group deltas: malformed buffer field %q", field)
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("group deltas: field %q: %w", field, err)
+		}
+		if n == 0 {
+			continue
+		}
+		t := f.targets[name]
+		if t == nil {
+			// The counter was removed from the config while its deltas
+			// were buffered: there is nowhere to apply them.
+			f.log.Warn("dropping deltas of an unknown counter", zap.String("counter", name), zap.String("key", key))
+			f.opt.Metrics.DeltasDropped.WithLabelValues(name).Inc()
+			continue
+		}
+		b := by[name]
+		if b == nil {
+			b = &counterBatch{t: t}
+			by[name] = b
+		}
+		b.keys = append(b.keys, key)
+		b.deltas = append(b.deltas, n)
+	}
+	out := make([]*counterBatch, 0, len(by))
+	for _, b := range by {
+		sort.Sort(byKey{b})
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(a, b *counterBatch) int { return compareStrings(a.t.counter, b.t.counter) })
+	return out, nil
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// byKey sorts a counterBatch by key: numerically for integer keys.
+type byKey struct{ b *counterBatch }
+
+func (s byKey) Len() int { return len(s.b.keys) }
+func (s byKey) Swap(i, j int) {
+	s.b.keys[i], s.b.keys[j] = s.b.keys[j], s.b.keys[i]
+	s.b.deltas[i], s.b.deltas[j] = s.b.deltas[j], s.b.deltas[i]
+}
+func (s byKey) Less(i, j int) bool {
+	a, b := s.b.keys[i], s.b.keys[j]
+	if s.b.t.intKey {
+		x, errx := strconv.ParseInt(a, 10, 64)
+		y, erry := strconv.ParseInt(b, 10, 64)
+		if errx == nil && erry == nil {
+			return x < y
+		}
+	}
+	return a < b
+}
+
+// apply runs one PostgreSQL transaction: checkpoint compare-and-set from
+// W=from to upto first, then optional resets (a TRUNCATE barrier), then
+// the counter updates. It reports false, without error, when the batch
+// had already been committed.
+func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*counterBatch, resets []*target) (bool, error) {
+	tx, err := f.opt.Pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("begin flush: %w", err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	tag, err := tx.Exec(ctx, `UPDATE walcount.checkpoint SET lsn = $2::text::pg_lsn, updated_at = now()
+WHERE slot_name = $1 AND lsn = $3::text::pg_lsn`, f.opt.Slot, upto.String(), from.String())
+	if err != nil {
+		return false, fmt.Errorf("move checkpoint: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		// Someone committed this batch already (a retried flush or a
+		// takeover). Nothing is applied; learn where W is now.
+		_ = tx.Rollback(ctx)
+		w, err := ReadCheckpoint(ctx, f.opt.Pool, f.opt.Slot)
+		if err != nil {
+			return false, err
+		}
+		if w < upto {
+			return false, fmt.Errorf("flush (%s, %s]: %w: checkpoint is %s", from, upto, ErrCheckpointMoved, w)
+		}
+		f.log.Info("batch was already applied; skipping it", zap.String("upto", upto.String()), zap.String("checkpoint", w.String()))
+		return false, nil
+	}
+	for _, t := range resets {
+		if _, err := tx.Exec(ctx, t.reset); err != nil {
+			return false, fmt.Errorf("reset counter %s: %w", t.counter, err)
+		}
+	}
+	for _, b := range batches {
+		var flushed, dropped int64
+		for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
+			hi := min(lo+f.opt.ChunkSize, len(b.keys))
+			tag, err := tx.Exec(ctx, b.t.update, b.keys[lo:hi], b.deltas[lo:hi])
+			if err != nil {
+				return false, fmt.Errorf("update counter %s: %w", b.t.counter, err)
+			}
+			n := int64(hi - lo)
+			flushed += n
+			if d := n - tag.RowsAffected(); d > 0 {
+				dropped += d
+			}
+		}
+		f.opt.Metrics.DeltasFlushed.WithLabelValues(b.t.counter).Add(float64(flushed - dropped))
+		if dropped > 0 {
+			// The target rows went away; the Rails buffer pattern drops
+			// these deltas too.
+			f.opt.Metrics.DeltasDropped.WithLabelValues(b.t.counter).Add(float64(dropped))
+		}
+	}
+	if err := failpoint.Inject(failpoint.BeforeCommit); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("commit flush: %w", err)
+	}
+	return true, nil
+}
+
+// Barrier applies a TRUNCATE: everything buffered before it is flushed,
+// then one transaction zeroes the truncated counters, applies the
+// transaction's own later deltas and moves W to end (DESIGN §2 rule 10).
+// The caller must not add to the buffer while Barrier runs.
+func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, deltas []redisbuf.Delta) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.flushLocked(ctx); err != nil {
+		return err
+	}
+	var resets []*target
+	for _, name := range reset {
+		if t := f.targets[name]; t != nil {
+			resets = append(resets, t)
+		}
+	}
+	fields := make(map[string]string, len(deltas))
+	for _, d := range deltas {
+		fields[d.Field] = strconv.FormatInt(d.N, 10)
+	}
+	batches, err := f.group(fields)
+	if err != nil {
+		return err
+	}
+	from := f.w
+	if _, err := f.apply(ctx, from, end, batches, resets); err != nil {
+		return err
+	}
+	if err := f.opt.Buffer.Advance(ctx, from, end); err != nil {
+		return err
+	}
+	f.committed(end)
+	f.log.Info("applied truncate barrier", zap.Strings("counters", reset), zap.String("lsn", end.String()))
+	return nil
+}
+
+// ensure pgx stays imported for Querier users.
+var _ Querier = (pgx.Tx)(nil)
