@@ -1,0 +1,252 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"testing"
+
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/redisbuf"
+)
+
+// likes(id, post_id, state, weight) with REPLICA IDENTITY FULL.
+var likesRel = &cdc.Relation{
+	ID: 1, Namespace: "public", Name: "likes", ReplicaIdentity: 'f',
+	Columns: []cdc.Column{{Name: "id", Key: true}, {Name: "post_id"}, {Name: "state"}, {Name: "weight"}},
+}
+
+func txt(s string) cdc.Value { return cdc.Value{Kind: cdc.ValueText, Data: []byte(s)} }
+
+var (
+	null  = cdc.Value{Kind: cdc.ValueNull}
+	toast = cdc.Value{Kind: cdc.ValueUnchangedToast}
+)
+
+func row(post cdc.Value, state cdc.Value, weight cdc.Value) cdc.Tuple {
+	return cdc.Tuple{Cols: []cdc.Value{txt("1"), post, state, weight}}
+}
+
+func strp(s string) *string { return &s }
+
+var (
+	countAll = config.Counter{Name: "likes", Source: "public.likes", Key: "post_id"}
+	active   = config.Counter{Name: "active", Source: "likes", Key: "post_id", Where: map[string]*string{"state": strp("active")}}
+	undone   = config.Counter{Name: "undone", Source: "likes", Key: "post_id", Where: map[string]*string{"state": nil}}
+	weights  = config.Counter{Name: "weight", Source: "likes", Key: "post_id", Sum: "weight"}
+)
+
+func TestRuleAlgebra(t *testing.T) {
+	tests := []struct {
+		name     string
+		counters []config.Counter
+		op       cdc.Op
+		old, new cdc.Tuple
+		want     map[string]int64
+	}{
+		{"insert counts", []config.Counter{countAll}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, null), map[string]int64{"likes:7": 1}},
+		{"delete uncounts", []config.Counter{countAll}, cdc.OpDelete, row(txt("7"), null, null), cdc.Tuple{}, map[string]int64{"likes:7": -1}},
+		{"insert with null key counts nowhere", []config.Counter{countAll}, cdc.OpInsert, cdc.Tuple{}, row(null, null, null), map[string]int64{}},
+		{"move between posts", []config.Counter{countAll}, cdc.OpUpdate, row(txt("7"), null, null), row(txt("8"), null, null), map[string]int64{"likes:7": -1, "likes:8": 1}},
+		{"no-op update", []config.Counter{countAll, active, weights}, cdc.OpUpdate, row(txt("7"), txt("active"), txt("3")), row(txt("7"), txt("active"), txt("3")), map[string]int64{}},
+		{"key set from null", []config.Counter{countAll}, cdc.OpUpdate, row(null, null, null), row(txt("8"), null, null), map[string]int64{"likes:8": 1}},
+		{"enters filter", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("deleted"), null), row(txt("7"), txt("active"), null), map[string]int64{"active:7": 1}},
+		{"leaves filter", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("7"), txt("deleted"), null), map[string]int64{"active:7": -1}},
+		{"leaves filter and moves", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), txt("gone"), null), map[string]int64{"active:7": -1}},
+		{"moves inside filter", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), txt("active"), null), map[string]int64{"active:7": -1, "active:8": 1}},
+		{"is null filter: soft delete", []config.Counter{undone}, cdc.OpUpdate, row(txt("7"), null, null), row(txt("7"), txt("x"), null), map[string]int64{"undone:7": -1}},
+		{"is null filter: restore", []config.Counter{undone}, cdc.OpUpdate, row(txt("7"), txt("x"), null), row(txt("7"), null, null), map[string]int64{"undone:7": 1}},
+		{"sum insert", []config.Counter{weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, txt("5")), map[string]int64{"weight:7": 5}},
+		{"sum of null is zero", []config.Counter{weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, null), map[string]int64{}},
+		{"sum changes", []config.Counter{weights}, cdc.OpUpdate, row(txt("7"), null, txt("5")), row(txt("7"), null, txt("-2")), map[string]int64{"weight:7": -7}},
+		{"sum moves", []config.Counter{weights}, cdc.OpUpdate, row(txt("7"), null, txt("5")), row(txt("8"), null, txt("6")), map[string]int64{"weight:7": -5, "weight:8": 6}},
+		{"sum delete", []config.Counter{weights}, cdc.OpDelete, row(txt("7"), null, txt("5")), cdc.Tuple{}, map[string]int64{"weight:7": -5}},
+		{"unchanged toast key takes old value", []config.Counter{countAll}, cdc.OpUpdate, row(txt("7"), txt("a"), null), row(toast, txt("b"), null), map[string]int64{}},
+		{"unchanged toast filter takes old value", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), toast, null), map[string]int64{"active:7": -1, "active:8": 1}},
+		{"several counters at once", []config.Counter{countAll, active, weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), txt("active"), txt("2")), map[string]int64{"likes:7": 1, "active:7": 1, "weight:7": 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := New(Options{Counters: tc.counters})
+			ev := cdc.Event{Kind: cdc.KindChange, Op: tc.op, Rel: likesRel, Old: tc.old, New: tc.new}
+			if err := a.change(&ev); err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(a.txn, tc.want) {
+				t.Fatalf("deltas = %v, want %v", a.txn, tc.want)
+			}
+		})
+	}
+}
+
+func TestRuleErrors(t *testing.T) {
+	byDefault := &cdc.Relation{ID: 2, Namespace: "public", Name: "likes", ReplicaIdentity: 'd',
+		Columns: []cdc.Column{{Name: "id", Key: true}, {Name: "post_id"}}}
+	a := New(Options{Counters: []config.Counter{countAll}})
+	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: byDefault, New: cdc.Tuple{Cols: []cdc.Value{txt("1"), txt("2")}}}
+	if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) {
+		t.Fatalf("default identity without post_id: err = %v, want ErrNotAttributable", err)
+	}
+
+	a = New(Options{Counters: []config.Counter{countAll}})
+	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpUpdate, Rel: likesRel, Old: row(toast, null, null), New: row(toast, null, null)}
+	if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) {
+		t.Fatalf("toasted key on both sides: err = %v, want ErrNotAttributable", err)
+	}
+
+	a = New(Options{Counters: []config.Counter{weights}})
+	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesRel, New: row(txt("7"), null, txt("1.5"))}
+	if err := a.change(&ev); !errors.Is(err, ErrBadValue) {
+		t.Fatalf("fractional sum: err = %v, want ErrBadValue", err)
+	}
+
+	missing := config.Counter{Name: "x", Source: "likes", Key: "nope"}
+	a = New(Options{Counters: []config.Counter{missing}})
+	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesRel, New: row(txt("7"), null, null)}
+	if err := a.change(&ev); err == nil {
+		t.Fatal("missing key column: no error")
+	}
+}
+
+func TestParseInt(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "42": 42, "-42": -42, "+7": 7, "9223372036854775807": 1<<63 - 1, "-9223372036854775808": -1 << 63} {
+		got, err := parseInt([]byte(in))
+		if err != nil || got != want {
+			t.Errorf("parseInt(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "-", "1.0", "abc", "9223372036854775808", "12345678901234567890"} {
+		if _, err := parseInt([]byte(in)); err == nil {
+			t.Errorf("parseInt(%q): no error", in)
+		}
+	}
+}
+
+// recordingBuffer keeps the batches written to it, for the coalescing
+// tests; the Redis side of the protocol is tested against a real server.
+type recordingBuffer struct {
+	batches []recorded
+}
+
+type recorded struct {
+	prev, last cdc.LSN
+	deltas     map[string]int64
+}
+
+func (r *recordingBuffer) Apply(_ context.Context, prev, last cdc.LSN, ds []redisbuf.Delta) (bool, error) {
+	m := map[string]int64{}
+	for _, d := range ds {
+		m[d.Field] += d.N
+	}
+	r.batches = append(r.batches, recorded{prev, last, m})
+	return true, nil
+}
+
+type recordingBarrier struct {
+	end    cdc.LSN
+	reset  []string
+	deltas map[string]int64
+}
+
+func (r *recordingBarrier) Barrier(_ context.Context, end cdc.LSN, reset []string, ds []redisbuf.Delta) error {
+	r.end, r.reset, r.deltas = end, reset, map[string]int64{}
+	for _, d := range ds {
+		r.deltas[d.Field] += d.N
+	}
+	return nil
+}
+
+func txn(xid uint32, final, end cdc.LSN, changes ...cdc.Event) []cdc.Event {
+	evs := []cdc.Event{{Kind: cdc.KindBegin, Xid: xid, LSN: final}}
+	evs = append(evs, changes...)
+	return append(evs, cdc.Event{Kind: cdc.KindCommit, LSN: end, CommitLSN: final})
+}
+
+func ins(post string) cdc.Event {
+	return cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesRel, New: row(txt(post), null, null)}
+}
+
+func del(post string) cdc.Event {
+	return cdc.Event{Kind: cdc.KindChange, Op: cdc.OpDelete, Rel: likesRel, Old: row(txt(post), null, null)}
+}
+
+func TestCoalescingAndSkipping(t *testing.T) {
+	ctx := context.Background()
+	buf := &recordingBuffer{}
+	a := New(Options{Counters: []config.Counter{countAll}, Buffer: buf, Start: 0x200})
+	var evs []cdc.Event
+	evs = append(evs, txn(1, 0x100, 0x150, ins("1"))...)          // replayed: below Start
+	evs = append(evs, txn(2, 0x1f0, 0x200, ins("1"))...)          // replayed: ends at Start
+	evs = append(evs, txn(3, 0x300, 0x350, ins("1"), ins("1"))...) // new
+	evs = append(evs, txn(4, 0x400, 0x450, ins("2"), del("1"))...)
+	evs = append(evs, txn(5, 0x500, 0x550, ins("3"), del("3"))...) // nets to nothing
+	if err := a.Process(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(buf.batches) != 1 {
+		t.Fatalf("%d redis writes, want 1 coalesced batch", len(buf.batches))
+	}
+	got := buf.batches[0]
+	want := map[string]int64{"likes:1": 1, "likes:2": 1}
+	if got.prev != 0x200 || got.last != 0x550 || !maps.Equal(got.deltas, want) {
+		t.Fatalf("batch = %+v, want (0x200, 0x550] %v", got, want)
+	}
+
+	// Resent transactions after the batch are skipped too.
+	if err := a.Process(ctx, txn(4, 0x400, 0x450, ins("9"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(buf.batches) != 1 {
+		t.Fatalf("a replayed transaction was written: %+v", buf.batches[1:])
+	}
+}
+
+func TestHeartbeatOnlyBatchMovesTheChain(t *testing.T) {
+	ctx := context.Background()
+	buf := &recordingBuffer{}
+	a := New(Options{Counters: []config.Counter{countAll}, Buffer: buf, Start: 0x10})
+	msgEv := cdc.Event{Kind: cdc.KindMessage, Prefix: cdc.MessagePrefix, Content: []byte(`{"heartbeat":"x"}`)}
+	if err := a.Process(ctx, txn(9, 0x20, 0x30, msgEv)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(buf.batches) != 1 || buf.batches[0].last != 0x30 || len(buf.batches[0].deltas) != 0 {
+		t.Fatalf("batches = %+v, want one empty batch up to 0x30", buf.batches)
+	}
+}
+
+func TestTruncateIsABarrier(t *testing.T) {
+	ctx := context.Background()
+	buf := &recordingBuffer{}
+	bar := &recordingBarrier{}
+	a := New(Options{Counters: []config.Counter{countAll, weights}, Buffer: buf, Barrier: bar, Start: 0x10})
+	trunc := cdc.Event{Kind: cdc.KindTruncate, Rels: []*cdc.Relation{likesRel}}
+	evs := txn(1, 0x20, 0x30, ins("1"))
+	evs = append(evs, txn(2, 0x40, 0x50, ins("5"), trunc, ins("2"))...)
+	if err := a.Process(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	// The batch before the barrier was written first, then the barrier.
+	if len(buf.batches) != 1 || buf.batches[0].last != 0x30 {
+		t.Fatalf("pre-barrier batches = %+v", buf.batches)
+	}
+	if bar.end != 0x50 || len(bar.reset) != 2 {
+		t.Fatalf("barrier = %+v", bar)
+	}
+	want := map[string]int64{"likes:2": 1}
+	if !maps.Equal(bar.deltas, want) {
+		t.Fatalf("barrier deltas = %v, want %v (the insert before the truncate is erased)", bar.deltas, want)
+	}
+	if a.Position() != 0x50 {
+		t.Fatalf("position = %s, want 0/50", a.Position())
+	}
+}
