@@ -1,0 +1,31 @@
+// Package monitor watches the health of walcount's logical replication slot.
+//
+// A logical slot makes the server keep every WAL segment from the slot's
+// restart_lsn on, so that nothing walcount has not yet confirmed can be
+// removed. That guarantee is what makes walcount exact (DESIGN.md §2), and it
+// has two failure modes this package exists to make visible:
+//
+//   - Lag. WAL piles up on the server while walcount is slow or stopped:
+//     LagBytes (pg_current_wal_lsn() - confirmed_flush_lsn) and
+//     RetainedWALBytes (pg_current_wal_lsn() - restart_lsn) grow, and the
+//     server's disk fills.
+//   - Loss. With max_slot_wal_keep_size set, a checkpoint may remove WAL the
+//     slot still needs. wal_status goes from "reserved" or "extended" to
+//     "unreserved" (the next checkpoint will remove it) and then to "lost",
+//     and the slot is invalidated for good: the changes in the removed WAL
+//     will never be decoded, so the counters can no longer be kept exact from
+//     the stream. DESIGN.md §2 rule 12 makes this fatal: Monitor.Run returns
+//     a *SlotLostError, which tells the operator to recreate the slot and
+//     reconcile.
+//
+// ReadSlot reads one snapshot from pg_replication_slots
+// (https://www.postgresql.org/docs/current/view-pg-replication-slots.html)
+// and pg_stat_replication_slots
+// (https://www.postgresql.org/docs/current/monitoring-stats.html#MONITORING-PG-STAT-REPLICATION-SLOTS-VIEW,
+// PostgreSQL 14 and later); Monitor polls it, exports it as metrics and keeps
+// the latest for /status and /readyz. max_slot_wal_keep_size is described in
+// https://www.postgresql.org/docs/current/runtime-config-replication.html#GUC-MAX-SLOT-WAL-KEEP-SIZE.
+//
+// The monitor only reads. It runs on its own connection pool, never on the
+// replication connection, which belongs to the cdc package.
+package monitor

@@ -1,0 +1,58 @@
+package monitor
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrSlotLost means the replication slot was invalidated: WAL it needed
+	// was removed, so the stream can no longer deliver every change. Every
+	// *SlotLostError wraps it.
+	ErrSlotLost = errors.New("replication slot lost")
+	// ErrSlotNotFound means no replication slot has the configured name.
+	ErrSlotNotFound = errors.New("replication slot not found")
+	// ErrLagTooHigh means the slot lags further behind the server than the
+	// configured maximum.
+	ErrLagTooHigh = errors.New("replication slot lag too high")
+	// ErrNotRead means the slot's status has not been read yet, or the last
+	// successful read is too old to trust.
+	ErrNotRead = errors.New("replication slot status unknown")
+)
+
+// walRemoved is the PostgreSQL 17+ invalidation_reason of a slot whose WAL was
+// removed, the only reason on a primary before PostgreSQL 17.
+const walRemoved = "wal_removed"
+
+// SlotLostError reports an invalidated replication slot. It wraps
+// ErrSlotLost. Recovering from it takes an operator: the slot must be
+// recreated, which skips every change in the lost WAL, and the counters
+// then reconciled against the rows (DESIGN.md §2 rule 12).
+type SlotLostError struct {
+	// Slot is the slot name.
+	Slot string
+	// WALStatus is pg_replication_slots.wal_status; empty when it was NULL
+	// (restart_lsn is NULL).
+	WALStatus string
+	// Reason is pg_replication_slots.invalidation_reason (PostgreSQL 17+),
+	// or "conflicting" on PostgreSQL 16; empty when the server does not say.
+	Reason string
+}
+
+func (e *SlotLostError) Error() string {
+	status := e.WALStatus
+	if status == "" {
+		status = "null"
+	}
+	const todo = "counts can no longer be kept exact from the stream. " +
+		"Run `walcount setup --recreate-slot` and then `walcount reconcile` (DESIGN §2 rule 12)"
+	if e.Reason != "" && e.Reason != walRemoved {
+		return fmt.Sprintf("replication slot %q is invalidated (wal_status=%s, invalidation_reason=%s): "+
+			"the server will not decode changes for it any more; %s", e.Slot, status, e.Reason, todo)
+	}
+	return fmt.Sprintf("replication slot %q is lost (wal_status=%s): WAL it needed was removed; %s",
+		e.Slot, status, todo)
+}
+
+// Unwrap makes errors.Is(err, ErrSlotLost) true.
+func (e *SlotLostError) Unwrap() error { return ErrSlotLost }
