@@ -195,7 +195,6 @@ func TestSlotLostErrorMessage(t *testing.T) {
 	}
 }
 
-
 // value reads a gauge or counter.
 func value(m prometheus.Metric) float64 {
 	var d dto.Metric
