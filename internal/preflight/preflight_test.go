@@ -1,0 +1,578 @@
+package preflight_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/preflight"
+	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// goodSchema is the default counter's tables as walcount wants them: the
+// key in the replica identity, both keys indexed, a NOT NULL counter column.
+const goodSchema = `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL, UNIQUE (post_id, user_id));
+ALTER TABLE likes REPLICA IDENTITY FULL;`
+
+// fixture is a fresh database on the shared cluster and a Config for it.
+type fixture struct {
+	url  string
+	conn *pgx.Conn
+	cfg  config.Config
+}
+
+var slotSeq atomic.Int64
+
+// newFixture creates a database and runs schema in it. Slots are
+// cluster-wide and the cluster is shared, so each fixture has its own slot
+// name.
+func newFixture(t *testing.T, schema string) *fixture {
+	t.Helper()
+	return fixtureOn(t, testenv.Database(t), schema)
+}
+
+func fixtureOn(t *testing.T, dbURL, schema string) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatalf("connect to the test database: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	f := &fixture{url: dbURL, conn: conn, cfg: config.Default()}
+	f.cfg.DatabaseURL = dbURL
+	f.cfg.RedisURL = testenv.RedisURL(t)
+	f.cfg.Slot = fmt.Sprintf("preflight_%d_%d", os.Getpid(), slotSeq.Add(1))
+	if schema != "" {
+		f.exec(t, schema)
+	}
+	return f
+}
+
+func (f *fixture) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := f.conn.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("exec %q: %v", sql, err)
+	}
+}
+
+// createSlot creates a logical slot and drops it when the test ends: a
+// database with a slot cannot be dropped.
+func (f *fixture) createSlot(t *testing.T, plugin string) {
+	t.Helper()
+	f.exec(t, "SELECT pg_create_logical_replication_slot($1, $2)", f.cfg.Slot, plugin)
+	t.Cleanup(func() {
+		_, _ = f.conn.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", f.cfg.Slot)
+	})
+}
+
+// createCheckpoint creates walcount's state table with a row at lsn
+// ("" means the slot's confirmed position).
+func (f *fixture) createCheckpoint(t *testing.T, lsn string) {
+	t.Helper()
+	f.exec(t, `CREATE SCHEMA walcount;
+CREATE TABLE walcount.checkpoint (slot_name text PRIMARY KEY, lsn pg_lsn NOT NULL, updated_at timestamptz NOT NULL)`)
+	if lsn == "" {
+		f.exec(t, `INSERT INTO walcount.checkpoint
+SELECT slot_name, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = $1`, f.cfg.Slot)
+	} else {
+		f.exec(t, "INSERT INTO walcount.checkpoint VALUES ($1, $2::pg_lsn, now())", f.cfg.Slot, lsn)
+	}
+}
+
+// setUp does what `walcount setup` does.
+func (f *fixture) setUp(t *testing.T) {
+	t.Helper()
+	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes")
+	f.createSlot(t, "pgoutput")
+	f.createCheckpoint(t, "")
+}
+
+func run(t *testing.T, cfg config.Config) []preflight.Finding {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var b strings.Builder
+	preflight.Format(&b, findings)
+	t.Logf("findings:\n%s", b.String())
+	return findings
+}
+
+// want finds the finding of check with severity sev whose message contains
+// msg, and fails the test when there is none.
+func want(t *testing.T, findings []preflight.Finding, check string, sev preflight.Severity, msg string) preflight.Finding {
+	t.Helper()
+	for _, f := range findings {
+		if f.Check == check && f.Severity == sev && strings.Contains(f.Message, msg) {
+			return f
+		}
+	}
+	t.Fatalf("no %s finding of check %s containing %q", sev, check, msg)
+	return preflight.Finding{}
+}
+
+func wantFix(t *testing.T, f preflight.Finding, fix string) {
+	t.Helper()
+	if f.Fix != fix {
+		t.Errorf("fix of %q = %q, want %q", f.Message, f.Fix, fix)
+	}
+}
+
+// none fails the test when a finding of check has severity sev.
+func none(t *testing.T, findings []preflight.Finding, check string, sev preflight.Severity) {
+	t.Helper()
+	for _, f := range findings {
+		if f.Check == check && f.Severity == sev {
+			t.Errorf("unexpected %s: %s", sev, f.Message)
+		}
+	}
+}
+
+func TestAllGreen(t *testing.T) {
+	f := newFixture(t, goodSchema)
+	f.setUp(t)
+	findings := run(t, f.cfg)
+
+	for _, fd := range findings {
+		switch {
+		case fd.Severity == preflight.Problem:
+			t.Errorf("problem on a set-up database: %s — fix: %s", fd.Message, fd.Fix)
+		case fd.Severity == preflight.Warning && fd.Check != preflight.CheckSlotWALKeepSize:
+			t.Errorf("warning on a set-up database: %s", fd.Message)
+		}
+	}
+	if preflight.HasProblems(findings) {
+		t.Error("HasProblems = true")
+	}
+	for _, c := range []string{
+		preflight.CheckServerVersion, preflight.CheckWALLevel, preflight.CheckReplicationSlots, preflight.CheckWALSenders,
+		preflight.CheckRole, preflight.CheckReplicationConn, preflight.CheckEmitMessage, preflight.CheckColumn,
+		preflight.CheckPrivilege, preflight.CheckReplicaIdentity, preflight.CheckPublication, preflight.CheckSlot,
+		preflight.CheckCheckpoint, preflight.CheckRedis, preflight.CheckRedisWritable,
+	} {
+		want(t, findings, c, preflight.OK, "")
+	}
+	// PostgreSQL's default keeps WAL without limit: a warning with advice.
+	w := want(t, findings, preflight.CheckSlotWALKeepSize, preflight.Warning, "walcount_slot_retained_wal_bytes")
+	wantFix(t, w, "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();")
+
+	var b strings.Builder
+	preflight.Format(&b, findings)
+	if !strings.Contains(b.String(), "ok      wal_level is logical\n") {
+		t.Errorf("Format output lacks the wal_level line:\n%s", b.String())
+	}
+}
+
+// TestServerSettings runs against a private cluster that cannot do logical
+// replication at all.
+func TestServerSettings(t *testing.T) {
+	pg := testenv.Postgres(t, servers.PostgresOptions{Settings: map[string]string{
+		"wal_level":              "replica",
+		"max_replication_slots":  "1",
+		"max_wal_senders":        "0",
+		"max_slot_wal_keep_size": "1GB",
+	}})
+	f := fixtureOn(t, pg.URL(), goodSchema)
+	// A physical slot can exist under wal_level=replica; it takes the only one.
+	f.exec(t, "SELECT pg_create_physical_replication_slot('other')")
+	findings := run(t, f.cfg)
+
+	t.Run("wal_level", func(t *testing.T) {
+		p := want(t, findings, preflight.CheckWALLevel, preflight.Problem, "wal_level is replica")
+		wantFix(t, p, "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL")
+	})
+	t.Run("no free slot", func(t *testing.T) {
+		p := want(t, findings, preflight.CheckReplicationSlots, preflight.Problem, "max_replication_slots is 1 and 1 are in use")
+		if !strings.HasPrefix(p.Fix, "ALTER SYSTEM SET max_replication_slots = 2;") {
+			t.Errorf("fix = %q", p.Fix)
+		}
+	})
+	t.Run("no free WAL sender", func(t *testing.T) {
+		p := want(t, findings, preflight.CheckWALSenders, preflight.Problem, "max_wal_senders is 0")
+		wantFix(t, p, "ALTER SYSTEM SET max_wal_senders = 1; then restart PostgreSQL")
+		want(t, findings, preflight.CheckReplicationConn, preflight.Problem, "cannot open a replication connection")
+	})
+	t.Run("max_slot_wal_keep_size set", func(t *testing.T) {
+		want(t, findings, preflight.CheckSlotWALKeepSize, preflight.OK, "max_slot_wal_keep_size is 1GB")
+	})
+}
+
+func TestReplicaIdentity(t *testing.T) {
+	const posts = "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);\n"
+	tests := []struct {
+		name   string
+		schema string
+		where  map[string]*string
+		sum    string
+		// problem is "" when the identity is fine, else a part of the
+		// message; fix is then the expected fix.
+		problem, fix string
+	}{
+		{name: "default identity with a surrogate key",
+			schema:  "CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL);",
+			problem: "replica identity of public.likes is DEFAULT, the primary key (id), which does not contain post_id",
+			fix:     "ALTER TABLE public.likes REPLICA IDENTITY FULL;"},
+		{name: "default identity without a primary key",
+			schema:  "CREATE TABLE likes (post_id bigint NOT NULL, user_id bigint NOT NULL);",
+			problem: "DEFAULT without a primary key", fix: "ALTER TABLE public.likes REPLICA IDENTITY FULL;"},
+		{name: "identity nothing",
+			schema:  "CREATE TABLE likes (post_id bigint PRIMARY KEY); ALTER TABLE likes REPLICA IDENTITY NOTHING;",
+			problem: "is NOTHING", fix: "ALTER TABLE public.likes REPLICA IDENTITY FULL;"},
+		{name: "primary key containing the key",
+			schema: "CREATE TABLE likes (post_id bigint, user_id bigint, PRIMARY KEY (user_id, post_id));"},
+		{name: "identity full",
+			schema: "CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL); ALTER TABLE likes REPLICA IDENTITY FULL;"},
+		{name: "identity using an index containing the key",
+			schema: `CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL);
+CREATE UNIQUE INDEX likes_post_user ON likes (post_id, user_id);
+ALTER TABLE likes REPLICA IDENTITY USING INDEX likes_post_user;`},
+		{name: "identity using an index without the key",
+			schema: `CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL);
+CREATE UNIQUE INDEX likes_user ON likes (user_id, id);
+ALTER TABLE likes REPLICA IDENTITY USING INDEX likes_user;`,
+			problem: "USING INDEX likes_user (user_id, id), which does not contain post_id",
+			fix:     "ALTER TABLE public.likes REPLICA IDENTITY FULL;"},
+		{name: "where column outside the identity",
+			schema:  "CREATE TABLE likes (post_id bigint, user_id bigint, deleted_at timestamptz, PRIMARY KEY (post_id, user_id));",
+			where:   map[string]*string{"deleted_at": nil},
+			problem: "which does not contain deleted_at", fix: "ALTER TABLE public.likes REPLICA IDENTITY FULL;"},
+		{name: "summed column outside the identity",
+			schema:  "CREATE TABLE likes (post_id bigint, user_id bigint, weight int NOT NULL, PRIMARY KEY (post_id, user_id));",
+			sum:     "weight",
+			problem: "which does not contain weight", fix: "ALTER TABLE public.likes REPLICA IDENTITY FULL;"},
+		{name: "partition without the key in its identity",
+			schema: `CREATE TABLE likes (id bigint NOT NULL, post_id bigint NOT NULL) PARTITION BY RANGE (id);
+CREATE TABLE likes_a PARTITION OF likes FOR VALUES FROM (0) TO (100);
+CREATE TABLE likes_b PARTITION OF likes FOR VALUES FROM (100) TO (200);
+ALTER TABLE likes_a REPLICA IDENTITY FULL;
+ALTER TABLE likes_b ADD PRIMARY KEY (id);`,
+			problem: "replica identity of public.likes_b is DEFAULT, the primary key (id)",
+			fix:     "ALTER TABLE public.likes_b REPLICA IDENTITY FULL;"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, posts+tt.schema)
+			f.cfg.Counters[0].Where = tt.where
+			f.cfg.Counters[0].Sum = tt.sum
+			findings := run(t, f.cfg)
+			if tt.problem == "" {
+				none(t, findings, preflight.CheckReplicaIdentity, preflight.Problem)
+				want(t, findings, preflight.CheckReplicaIdentity, preflight.OK, "replica identity of public.likes")
+				return
+			}
+			p := want(t, findings, preflight.CheckReplicaIdentity, preflight.Problem, tt.problem)
+			wantFix(t, p, tt.fix)
+			if !strings.Contains(p.Message, "REPLICA IDENTITY USING INDEX") {
+				t.Errorf("message does not mention the unique-index alternative: %s", p.Message)
+			}
+		})
+	}
+}
+
+func TestRole(t *testing.T) {
+	f := newFixture(t, goodSchema)
+	f.setUp(t)
+	role := fmt.Sprintf("preflight_app_%d_%d", os.Getpid(), slotSeq.Add(1))
+	f.exec(t, "CREATE ROLE "+role+" LOGIN")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = f.conn.Exec(ctx, "DROP OWNED BY "+role)
+		_, _ = f.conn.Exec(ctx, "DROP ROLE "+role)
+	})
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatalf("parse database URL: %v", err)
+	}
+	u.User = url.User(role)
+	cfg := f.cfg
+	cfg.DatabaseURL = u.String()
+
+	t.Run("without REPLICATION or grants", func(t *testing.T) {
+		findings := run(t, cfg)
+		p := want(t, findings, preflight.CheckRole, preflight.Problem, "role "+role+" has neither REPLICATION nor SUPERUSER")
+		wantFix(t, p, "ALTER ROLE "+role+" REPLICATION;")
+		p = want(t, findings, preflight.CheckPrivilege, preflight.Problem, "lacks SELECT on public.likes")
+		wantFix(t, p, "GRANT SELECT ON public.likes TO "+role+"; GRANT SELECT (id, likes_count), UPDATE (likes_count) ON public.posts TO "+role+";")
+		p = want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "may not read and update walcount.checkpoint")
+		wantFix(t, p, "GRANT USAGE ON SCHEMA walcount TO "+role+"; GRANT SELECT, INSERT, UPDATE ON walcount.checkpoint TO "+role+";")
+	})
+
+	t.Run("with REPLICATION and grants", func(t *testing.T) {
+		f.exec(t, "ALTER ROLE "+role+" REPLICATION")
+		f.exec(t, "GRANT SELECT ON likes TO "+role)
+		f.exec(t, "GRANT SELECT (id, likes_count), UPDATE (likes_count) ON posts TO "+role)
+		f.exec(t, "GRANT USAGE ON SCHEMA walcount TO "+role)
+		f.exec(t, "GRANT SELECT, INSERT, UPDATE ON walcount.checkpoint TO "+role)
+		findings := run(t, cfg)
+		if preflight.HasProblems(findings) {
+			t.Error("problems remain after the fixes")
+		}
+		want(t, findings, preflight.CheckRole, preflight.OK, "role "+role+" has REPLICATION")
+		want(t, findings, preflight.CheckReplicationConn, preflight.OK, "replication connection works")
+	})
+
+	t.Run("no CREATE on the database before setup", func(t *testing.T) {
+		f.exec(t, "DROP SCHEMA walcount CASCADE")
+		findings := run(t, cfg)
+		p := want(t, findings, preflight.CheckCreateSchema, preflight.Problem, "schema walcount does not exist")
+		db := strings.TrimPrefix(u.Path, "/")
+		wantFix(t, p, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s;", db, role))
+	})
+}
+
+func TestPublication(t *testing.T) {
+	tests := []struct {
+		name, ddl    string // ddl "" means no publication
+		problem, fix string
+	}{
+		{name: "missing", problem: "publication walcount does not exist",
+			fix: "CREATE PUBLICATION walcount FOR TABLE public.likes;"},
+		{name: "without the source table", ddl: "CREATE PUBLICATION walcount FOR TABLE posts",
+			problem: "publication walcount does not include public.likes",
+			fix:     "ALTER PUBLICATION walcount ADD TABLE public.likes;"},
+		{name: "without delete and truncate", ddl: "CREATE PUBLICATION walcount FOR TABLE likes WITH (publish = 'insert, update')",
+			problem: "does not publish delete, truncate",
+			fix:     "ALTER PUBLICATION walcount SET (publish = 'insert, update, delete, truncate');"},
+		{name: "row filter", ddl: "CREATE PUBLICATION walcount FOR TABLE likes WHERE (user_id > 0)",
+			problem: "filters the rows of public.likes",
+			fix:     "ALTER PUBLICATION walcount DROP TABLE public.likes; ALTER PUBLICATION walcount ADD TABLE public.likes;"},
+		{name: "column list without the key", ddl: "CREATE PUBLICATION walcount FOR TABLE likes (id, user_id)",
+			problem: "leaves out column post_id of public.likes",
+			fix:     "ALTER PUBLICATION walcount DROP TABLE public.likes; ALTER PUBLICATION walcount ADD TABLE public.likes;"},
+		{name: "for all tables", ddl: "CREATE PUBLICATION walcount FOR ALL TABLES"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, goodSchema)
+			if tt.ddl != "" {
+				f.exec(t, tt.ddl)
+			}
+			findings := run(t, f.cfg)
+			if tt.problem == "" {
+				none(t, findings, preflight.CheckPublication, preflight.Problem)
+				want(t, findings, preflight.CheckPublication, preflight.OK, "publishes insert, update, delete and truncate of public.likes")
+				return
+			}
+			wantFix(t, want(t, findings, preflight.CheckPublication, preflight.Problem, tt.problem), tt.fix)
+		})
+	}
+}
+
+func TestSlot(t *testing.T) {
+	t.Run("missing", func(t *testing.T) {
+		f := newFixture(t, goodSchema)
+		findings := run(t, f.cfg)
+		p := want(t, findings, preflight.CheckSlot, preflight.Problem, "replication slot "+f.cfg.Slot+" does not exist")
+		wantFix(t, p, "walcount setup")
+		want(t, findings, preflight.CheckReplicationSlots, preflight.OK, "free")
+	})
+	t.Run("wrong plugin", func(t *testing.T) {
+		f := newFixture(t, goodSchema)
+		f.createSlot(t, "test_decoding")
+		findings := run(t, f.cfg)
+		p := want(t, findings, preflight.CheckSlot, preflight.Problem, "uses plugin test_decoding, not pgoutput")
+		wantFix(t, p, "walcount setup --recreate-slot; then walcount reconcile")
+	})
+	t.Run("other database", func(t *testing.T) {
+		other := newFixture(t, "")
+		other.createSlot(t, "pgoutput")
+		f := newFixture(t, goodSchema)
+		f.cfg.Slot = other.cfg.Slot
+		findings := run(t, f.cfg)
+		want(t, findings, preflight.CheckSlot, preflight.Problem, "belongs to database")
+	})
+}
+
+func TestCheckpoint(t *testing.T) {
+	t.Run("schema missing", func(t *testing.T) {
+		f := newFixture(t, goodSchema)
+		findings := run(t, f.cfg)
+		wantFix(t, want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "table walcount.checkpoint does not exist"), "walcount setup")
+		want(t, findings, preflight.CheckCreateSchema, preflight.OK, "may create schema walcount")
+	})
+	t.Run("row missing", func(t *testing.T) {
+		f := newFixture(t, goodSchema)
+		f.createSlot(t, "pgoutput")
+		f.createCheckpoint(t, "0/0")
+		f.exec(t, "DELETE FROM walcount.checkpoint")
+		findings := run(t, f.cfg)
+		wantFix(t, want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "has no row for slot "+f.cfg.Slot), "walcount setup")
+	})
+	t.Run("behind the slot", func(t *testing.T) {
+		f := newFixture(t, goodSchema)
+		f.createSlot(t, "pgoutput")
+		f.createCheckpoint(t, "0/1")
+		findings := run(t, f.cfg)
+		wantFix(t, want(t, findings, preflight.CheckCheckpoint, preflight.Warning, "is behind the slot's confirmed position"), "walcount reconcile")
+	})
+}
+
+func TestTablesAndColumns(t *testing.T) {
+	str := func(s string) *string { return &s }
+	tests := []struct {
+		name    string
+		schema  string
+		counter func(c *config.Counter)
+		check   string
+		sev     preflight.Severity
+		msg     string
+		fix     string
+	}{
+		{name: "source table missing", schema: "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL);",
+			check: preflight.CheckTable, sev: preflight.Problem, msg: "source table public.likes does not exist",
+			fix: "create it, or set counters[0].source in the config file"},
+		{name: "target table missing", schema: "CREATE TABLE likes (post_id bigint PRIMARY KEY);",
+			check: preflight.CheckTable, sev: preflight.Problem, msg: "target table public.posts does not exist",
+			fix: "create it, or set counters[0].target in the config file"},
+		{name: "source is a view", schema: goodSchema + "CREATE VIEW likes_v AS SELECT * FROM likes;",
+			counter: func(c *config.Counter) { c.Source = "public.likes_v" },
+			check:   preflight.CheckTable, sev: preflight.Problem, msg: "source public.likes_v is not a table (relkind v)"},
+		{name: "key column missing", schema: goodSchema,
+			counter: func(c *config.Counter) { c.Key = "postid" },
+			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "column public.likes.postid does not exist",
+			fix: "set counters[0].key in the config file to a column of public.likes"},
+		{name: "counter column missing",
+			schema: "CREATE TABLE posts (id bigint PRIMARY KEY); CREATE TABLE likes (post_id bigint PRIMARY KEY);",
+			check:  preflight.CheckColumn, sev: preflight.Problem, msg: "counter column public.posts.likes_count does not exist",
+			fix: "ALTER TABLE public.posts ADD COLUMN likes_count bigint NOT NULL DEFAULT 0; then walcount reconcile"},
+		{name: "counter column is text",
+			schema: "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count text); CREATE TABLE likes (post_id bigint PRIMARY KEY);",
+			check:  preflight.CheckColumn, sev: preflight.Problem, msg: "counter column public.posts.likes_count is text",
+			fix: "ALTER TABLE public.posts ALTER COLUMN likes_count TYPE bigint;"},
+		{name: "counter column allows NULL",
+			schema: "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count int); CREATE TABLE likes (post_id bigint PRIMARY KEY);",
+			check:  preflight.CheckColumn, sev: preflight.Warning, msg: "allows NULL",
+			fix: "UPDATE public.posts SET likes_count = 0 WHERE likes_count IS NULL; ALTER TABLE public.posts ALTER COLUMN likes_count SET DEFAULT 0, ALTER COLUMN likes_count SET NOT NULL;"},
+		{name: "key types differ",
+			schema: "CREATE TABLE posts (id uuid PRIMARY KEY, likes_count bigint NOT NULL); CREATE TABLE likes (post_id bigint PRIMARY KEY);",
+			check:  preflight.CheckColumn, sev: preflight.Problem, msg: "key public.likes.post_id is bigint but target key public.posts.id is uuid"},
+		{name: "key type unusable",
+			schema: "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL); CREATE TABLE likes (post_id numeric PRIMARY KEY);",
+			check:  preflight.CheckColumn, sev: preflight.Problem, msg: "key column public.likes.post_id is numeric"},
+		{name: "integer families match",
+			schema: "CREATE TABLE posts (id smallint PRIMARY KEY, likes_count int NOT NULL); CREATE TABLE likes (post_id bigint PRIMARY KEY);",
+			check:  preflight.CheckColumn, sev: preflight.OK, msg: "public.likes.post_id (bigint) counts into public.posts.likes_count (integer), matched on id (smallint)"},
+		{name: "text keys",
+			schema:  "CREATE TABLE posts (slug text PRIMARY KEY, likes_count int NOT NULL); CREATE TABLE likes (post_slug varchar(40) PRIMARY KEY);",
+			counter: func(c *config.Counter) { c.Key, c.TargetKey = "post_slug", "slug" },
+			check:   preflight.CheckColumn, sev: preflight.OK, msg: "public.likes.post_slug (character varying(40))"},
+		{name: "summed column is text", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight text;",
+			counter: func(c *config.Counter) { c.Sum = "weight" },
+			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.weight is text"},
+		{name: "numeric sum into bigint", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight numeric;",
+			counter: func(c *config.Counter) { c.Sum = "weight" },
+			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.weight is numeric but counter column public.posts.likes_count is bigint",
+			fix: "ALTER TABLE public.posts ALTER COLUMN likes_count TYPE numeric;"},
+		{name: "where column missing", schema: goodSchema,
+			counter: func(c *config.Counter) { c.Where = map[string]*string{"deleted_at": nil} },
+			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "column public.likes.deleted_at does not exist"},
+		{name: "where value invalid", schema: goodSchema + "ALTER TABLE likes ADD COLUMN spam boolean;",
+			counter: func(c *config.Counter) { c.Where = map[string]*string{"spam": str("maybe")} },
+			check:   preflight.CheckColumn, sev: preflight.Problem, msg: `where value "maybe" is not a valid boolean for public.likes.spam`,
+			fix: "fix counters[0].where.spam in the config file"},
+		{name: "quoted names", schema: `CREATE TABLE "Posts" ("ID" bigint PRIMARY KEY, "Likes" bigint NOT NULL);
+CREATE TABLE likes (post_id bigint PRIMARY KEY);`,
+			counter: func(c *config.Counter) { c.Target, c.TargetKey, c.Column = `"Posts"`, "ID", "Likes" },
+			check:   preflight.CheckColumn, sev: preflight.OK, msg: `counts into public."Posts"."Likes" (bigint), matched on "ID" (bigint)`},
+		{name: "key without index",
+			schema: "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL); CREATE TABLE likes (id bigint PRIMARY KEY, post_id bigint NOT NULL);",
+			check:  preflight.CheckIndex, sev: preflight.Warning, msg: "no index on public.likes (post_id)",
+			fix: "CREATE INDEX CONCURRENTLY ON public.likes (post_id);"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.schema)
+			if tt.counter != nil {
+				tt.counter(&f.cfg.Counters[0])
+			}
+			findings := run(t, f.cfg)
+			fd := want(t, findings, tt.check, tt.sev, tt.msg)
+			if tt.fix != "" {
+				wantFix(t, fd, tt.fix)
+			}
+		})
+	}
+}
+
+func TestRedis(t *testing.T) {
+	t.Run("unreachable", func(t *testing.T) {
+		// A port that was free a moment ago: nothing listens there.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("listen: %v", err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		f := newFixture(t, goodSchema)
+		f.cfg.RedisURL = "redis://" + addr + "/0"
+		findings := run(t, f.cfg) // no error: Redis being down is a finding
+		want(t, findings, preflight.CheckRedis, preflight.Problem, "Redis at "+addr+" does not answer PING")
+		none(t, findings, preflight.CheckRedisWritable, preflight.OK)
+	})
+	t.Run("evicting policy", func(t *testing.T) {
+		r := testenv.Redis(t)
+		client := redis.NewClient(&redis.Options{Addr: r.Addr()})
+		defer client.Close()
+		if err := client.ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+			t.Fatalf("CONFIG SET: %v", err)
+		}
+		f := newFixture(t, goodSchema)
+		f.cfg.RedisURL = r.URL()
+		findings := run(t, f.cfg)
+		want(t, findings, preflight.CheckRedisWritable, preflight.OK, "accepts writes")
+		want(t, findings, preflight.CheckRedisEviction, preflight.Warning, "maxmemory-policy allkeys-lru")
+	})
+	t.Run("read-only replica", func(t *testing.T) {
+		r := testenv.Redis(t)
+		client := redis.NewClient(&redis.Options{Addr: r.Addr()})
+		defer client.Close()
+		// A replica of a primary that does not exist still refuses writes.
+		if err := client.ReplicaOf(context.Background(), "127.0.0.1", "1").Err(); err != nil {
+			t.Fatalf("REPLICAOF: %v", err)
+		}
+		f := newFixture(t, goodSchema)
+		f.cfg.RedisURL = r.URL()
+		findings := run(t, f.cfg)
+		want(t, findings, preflight.CheckRedis, preflight.OK, "answers PING")
+		want(t, findings, preflight.CheckRedisWritable, preflight.Problem, "does not accept writes")
+	})
+}
+
+func TestPostgresUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cfg := config.Default()
+	cfg.DatabaseURL = fmt.Sprintf("postgres://postgres:secret@127.0.0.1:%d/postgres?connect_timeout=5", port)
+	cfg.RedisURL = "redis://127.0.0.1:1/0"
+	findings, err := preflight.Run(context.Background(), preflight.Options{Config: cfg})
+	if err == nil {
+		t.Fatalf("Run = %v, nil; want an error", findings)
+	}
+	if strings.Contains(err.Error(), "secret") {
+		t.Errorf("error shows the password: %v", err)
+	}
+}

@@ -1,0 +1,94 @@
+package preflight
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// checkRole checks that the role may stream from a slot, emit walcount's
+// marker messages and, before `walcount setup` has run, create the walcount
+// schema.
+func (r *run) checkRole() error {
+	var super, repl, canCreate, schemaExists, canEmit bool
+	err := r.conn.QueryRow(r.ctx, `
+SELECT rolsuper, rolreplication,
+       has_database_privilege(current_database(), 'CREATE'),
+       to_regnamespace('walcount') IS NOT NULL,
+       has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
+FROM pg_roles WHERE rolname = current_user`).Scan(&super, &repl, &canCreate, &schemaExists, &canEmit)
+	if err != nil {
+		return r.queryFailed(CheckRole, "the role's attributes", err)
+	}
+	role := r.ident(r.user)
+
+	switch {
+	case super:
+		r.ok(CheckRole, fmt.Sprintf("role %s is a superuser", r.user))
+	case repl:
+		r.ok(CheckRole, fmt.Sprintf("role %s has REPLICATION", r.user))
+	default:
+		r.problem(CheckRole,
+			fmt.Sprintf("role %s has neither REPLICATION nor SUPERUSER: it cannot create or stream from a replication slot", r.user),
+			fmt.Sprintf("ALTER ROLE %s REPLICATION;", role))
+	}
+	if super || repl {
+		// The attribute is necessary, not sufficient: pg_hba.conf and
+		// max_wal_senders decide too. A real walsender connection
+		// settles it.
+		r.checkReplicationConn()
+	}
+
+	if canEmit {
+		r.ok(CheckEmitMessage, fmt.Sprintf("role %s may call pg_logical_emit_message (heartbeats, reconcile markers)", r.user))
+	} else {
+		r.problem(CheckEmitMessage,
+			fmt.Sprintf("role %s may not call pg_logical_emit_message: no heartbeats, so an idle slot pins WAL, and no reconcile", r.user),
+			fmt.Sprintf("GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO %s;", role))
+	}
+
+	if !schemaExists {
+		if canCreate {
+			r.ok(CheckCreateSchema, fmt.Sprintf("role %s may create schema walcount in database %s", r.user, r.database))
+		} else {
+			r.problem(CheckCreateSchema,
+				fmt.Sprintf("schema walcount does not exist and role %s may not create schemas in database %s", r.user, r.database),
+				fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s;", r.ident(r.database), role))
+		}
+	}
+	return nil
+}
+
+// sqlstateTooManyConnections is what PostgreSQL answers when every WAL
+// sender is taken.
+const sqlstateTooManyConnections = "53300"
+
+// checkReplicationConn opens a logical replication connection
+// (replication=database) and runs IDENTIFY_SYSTEM, as cdc/ will.
+func (r *run) checkReplicationConn() {
+	pc, err := pgconn.ParseConfig(r.cfg.DatabaseURL)
+	if err != nil {
+		r.problem(CheckReplicationConn, fmt.Sprintf("cannot parse the database URL for a replication connection: %v", err), "")
+		return
+	}
+	pc.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(r.ctx, pc)
+	if err != nil {
+		fix := fmt.Sprintf("allow role %s to connect to database %s in pg_hba.conf", r.user, r.database)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == sqlstateTooManyConnections {
+			fix = "raise max_wal_senders (see above), or stop an unused replication client"
+		}
+		r.problem(CheckReplicationConn, fmt.Sprintf("cannot open a replication connection: %v", err), fix)
+		return
+	}
+	defer conn.Close(r.ctx)
+	sys, err := pglogrepl.IdentifySystem(r.ctx, conn)
+	if err != nil {
+		r.problem(CheckReplicationConn, fmt.Sprintf("IDENTIFY_SYSTEM failed on a replication connection: %v", err), "")
+		return
+	}
+	r.ok(CheckReplicationConn, fmt.Sprintf("replication connection works (system %s, timeline %d)", sys.SystemID, sys.Timeline))
+}

@@ -1,0 +1,135 @@
+package preflight
+
+import (
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// slotInfo is walcount's row of pg_replication_slots.
+type slotInfo struct {
+	plugin, slotType string
+	database         *string
+	active           bool
+	restartLSN       *string
+	confirmedLSN     *string
+	walStatus        *string
+}
+
+// lookupSlot reads the slot into r.slot (nil when it does not exist).
+func (r *run) lookupSlot() error {
+	var s slotInfo
+	err := r.conn.QueryRow(r.ctx, `
+SELECT coalesce(plugin, ''), slot_type, database, active,
+       restart_lsn::text, confirmed_flush_lsn::text, wal_status
+FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(
+		&s.plugin, &s.slotType, &s.database, &s.active, &s.restartLSN, &s.confirmedLSN, &s.walStatus)
+	if errNoRows(err) {
+		return nil
+	}
+	if err != nil {
+		return r.queryFailed(CheckSlot, "slot "+r.cfg.Slot, err)
+	}
+	r.slot = &s
+	return nil
+}
+
+// checkSlot checks DESIGN §2 rule 12 ahead of time: the slot must exist,
+// decode with pgoutput in this database, and still hold its WAL.
+func (r *run) checkSlot() error {
+	s := r.slot
+	name := r.cfg.Slot
+	recreate := "walcount setup --recreate-slot; then walcount reconcile"
+	switch {
+	case s == nil:
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s does not exist", name), "walcount setup")
+		return nil
+	case s.slotType != "logical":
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s is a %s slot, not a logical one", name, s.slotType),
+			"choose another --slot, or drop this one if nothing uses it and run walcount setup")
+		return nil
+	case s.database == nil || *s.database != r.database:
+		db := "<none>"
+		if s.database != nil {
+			db = *s.database
+		}
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s belongs to database %s, not %s", name, db, r.database),
+			"choose another --slot, or point --database-url at database "+db)
+		return nil
+	case s.plugin != "pgoutput":
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s uses plugin %s, not pgoutput", name, s.plugin), recreate)
+		return nil
+	case s.walStatus != nil && *s.walStatus == "lost" || s.restartLSN == nil:
+		r.problem(CheckSlot,
+			fmt.Sprintf("replication slot %s is lost: the WAL it needs was removed, so changes since its position are gone", name),
+			recreate)
+		return nil
+	case s.walStatus != nil && *s.walStatus == "unreserved":
+		r.warn(CheckSlot,
+			fmt.Sprintf("replication slot %s is unreserved: it is past max_slot_wal_keep_size and will be lost at the next checkpoint unless walcount catches up at once", name),
+			"start walcount now, or raise max_slot_wal_keep_size: ALTER SYSTEM SET max_slot_wal_keep_size = '100GB'; SELECT pg_reload_conf();")
+		return nil
+	}
+	state := "inactive"
+	if s.active {
+		state = "active"
+	}
+	status := "unknown"
+	if s.walStatus != nil {
+		status = *s.walStatus
+	}
+	r.ok(CheckSlot, fmt.Sprintf("replication slot %s: pgoutput, %s, wal_status %s", name, state, status))
+	return nil
+}
+
+// checkCheckpoint checks walcount's checkpoint table (DESIGN §2 rule 1):
+// that it exists, that the role may read and move it, and that it has this
+// slot's row. A row behind the slot's confirmed position means changes in
+// between were acknowledged without being counted.
+func (r *run) checkCheckpoint() error {
+	var exists, canUse, canSelect, canUpdate bool
+	// The catalogs are read directly: to_regclass would fail, not answer,
+	// for a role without USAGE on the schema.
+	err := r.conn.QueryRow(r.ctx, `
+WITH t AS (
+  SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = 'walcount' AND c.relname = 'checkpoint')
+SELECT EXISTS (SELECT 1 FROM t),
+       coalesce((SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = 'walcount'), false),
+       coalesce((SELECT has_table_privilege(oid, 'SELECT') FROM t), false),
+       coalesce((SELECT has_table_privilege(oid, 'UPDATE') FROM t), false)`).Scan(&exists, &canUse, &canSelect, &canUpdate)
+	if err != nil {
+		return r.queryFailed(CheckCheckpoint, "table walcount.checkpoint", err)
+	}
+	if !exists {
+		r.problem(CheckCheckpoint, "table walcount.checkpoint does not exist", "walcount setup")
+		return nil
+	}
+	if !canUse || !canSelect || !canUpdate {
+		r.problem(CheckCheckpoint, fmt.Sprintf("role %s may not read and update walcount.checkpoint", r.user),
+			fmt.Sprintf("GRANT USAGE ON SCHEMA walcount TO %[1]s; GRANT SELECT, INSERT, UPDATE ON walcount.checkpoint TO %[1]s;", r.ident(r.user)))
+		return nil
+	}
+
+	var lsnText string
+	err = r.conn.QueryRow(r.ctx, "SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1", r.cfg.Slot).Scan(&lsnText)
+	if errNoRows(err) {
+		r.problem(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint has no row for slot %s", r.cfg.Slot), "walcount setup")
+		return nil
+	}
+	if err != nil {
+		return r.queryFailed(CheckCheckpoint, "walcount.checkpoint", err)
+	}
+	if r.slot != nil && r.slot.confirmedLSN != nil {
+		w, errW := pglogrepl.ParseLSN(lsnText)
+		c, errC := pglogrepl.ParseLSN(*r.slot.confirmedLSN)
+		if errW == nil && errC == nil && w < c {
+			r.warn(CheckCheckpoint,
+				fmt.Sprintf("checkpoint %s of slot %s is behind the slot's confirmed position %s: changes in between were never counted", w, r.cfg.Slot, c),
+				"walcount reconcile")
+			return nil
+		}
+	}
+	r.ok(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint of slot %s is at %s", r.cfg.Slot, lsnText))
+	return nil
+}

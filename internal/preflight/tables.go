@@ -1,0 +1,354 @@
+package preflight
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcount/walcount/internal/config"
+)
+
+// table is what the catalogs say about one table of a counter.
+type table struct {
+	schema, name string
+	// sql is the name as SQL, quoted where needed: public.likes.
+	sql    string
+	exists bool
+	oid    uint32
+	// kind is pg_class.relkind: r (table), p (partitioned table), v, m, f...
+	kind string
+	// replident is pg_class.relreplident: d, f, i or n.
+	replident string
+	columns   map[string]column
+}
+
+// column is what the catalogs say about one column.
+type column struct {
+	// base is the type with domains resolved and without modifiers, as
+	// format_type writes it: integer, character varying, numeric.
+	base string
+	// full is the declared type with modifiers, usable in a CAST.
+	full      string
+	notNull   bool
+	generated bool
+}
+
+// keyFamilies maps the key types walcount can carry in Redis and in the
+// flush statement's unnest() arrays to their family: keys of one family
+// compare equal across types (a smallint likes.post_id matches a bigint
+// posts.id).
+var keyFamilies = map[string]string{
+	"smallint": "integer", "integer": "integer", "bigint": "integer",
+	"uuid": "uuid",
+	"text": "text", "character varying": "text",
+}
+
+// counterTypes are the types a counter column may have; sumTypes those a
+// summed column may have.
+var (
+	counterTypes = []string{"integer", "bigint", "numeric"}
+	sumTypes     = []string{"smallint", "integer", "bigint", "numeric"}
+)
+
+// lookupTable returns the catalog facts of a canonical table name.
+func (r *run) lookupTable(canonical string) (*table, error) {
+	if t, ok := r.tables[canonical]; ok {
+		return t, nil
+	}
+	schema, name := config.SplitTable(canonical)
+	t := &table{schema: schema, name: name, sql: r.qualified(schema, name)}
+	err := r.conn.QueryRow(r.ctx, `
+SELECT c.oid, c.relkind::text, c.relreplident::text
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&t.oid, &t.kind, &t.replident)
+	switch {
+	case errNoRows(err):
+		r.tables[canonical] = t
+		return t, nil
+	case err != nil:
+		return nil, fmt.Errorf("look up table %s: %w", t.sql, err)
+	}
+	t.exists = true
+	t.columns = map[string]column{}
+	rows, err := r.conn.Query(r.ctx, `
+SELECT a.attname,
+       format_type(CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END, NULL),
+       format_type(a.atttypid, a.atttypmod),
+       a.attnotnull,
+       a.attgenerated <> ''
+FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.oid)
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t.sql, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var c column
+		if err := rows.Scan(&name, &c.base, &c.full, &c.notNull, &c.generated); err != nil {
+			return nil, fmt.Errorf("read columns of %s: %w", t.sql, err)
+		}
+		t.columns[name] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t.sql, err)
+	}
+	r.tables[canonical] = t
+	return t, nil
+}
+
+// checkCounters checks the tables, columns, privileges, indexes and replica
+// identity of every counter.
+func (r *run) checkCounters() error {
+	for i, c := range r.cfg.Counters {
+		if err := r.checkCounter(i, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *run) checkCounter(i int, c config.Counter) error {
+	prefix := "counter " + c.Name + ": "
+	src, err := r.lookupTable(c.Source)
+	if err != nil {
+		return r.queryFailed(CheckTable, prefix+"source table", err)
+	}
+	tgt, err := r.lookupTable(c.Target)
+	if err != nil {
+		return r.queryFailed(CheckTable, prefix+"target table", err)
+	}
+
+	tablesOK := true
+	for _, tt := range []struct {
+		t     *table
+		role  string
+		field string
+	}{{src, "source", "source"}, {tgt, "target", "target"}} {
+		switch {
+		case !tt.t.exists:
+			tablesOK = false
+			r.problem(CheckTable, fmt.Sprintf("%s%s table %s does not exist", prefix, tt.role, tt.t.sql),
+				fmt.Sprintf("create it, or set counters[%d].%s in the config file", i, tt.field))
+		case tt.t.kind != "r" && tt.t.kind != "p":
+			tablesOK = false
+			r.problem(CheckTable, fmt.Sprintf("%s%s %s is not a table (relkind %s)", prefix, tt.role, tt.t.sql, tt.t.kind),
+				fmt.Sprintf("set counters[%d].%s to a table", i, tt.field))
+		}
+	}
+	if !tablesOK {
+		return nil
+	}
+
+	if err := r.checkColumns(i, c, src, tgt, prefix); err != nil {
+		return err
+	}
+	if err := r.checkPrivileges(c, src, tgt, prefix); err != nil {
+		return err
+	}
+	if err := r.checkIndexes(c, src, tgt, prefix); err != nil {
+		return err
+	}
+	// The identity is about the source alone: it is worth reporting even
+	// when the target is wrong, as long as the columns it must carry exist.
+	for _, col := range readColumns([]config.Counter{c}, src) {
+		if _, found := src.columns[col]; !found {
+			return nil
+		}
+	}
+	return r.checkIdentity(c, src, prefix)
+}
+
+// checkColumns checks that every column of the counter exists with a usable
+// type.
+func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix string) error {
+	ok := true
+	bad := func(msg, fix string) {
+		ok = false
+		r.problem(CheckColumn, prefix+msg, fix)
+	}
+	need := func(t *table, name, field string) (column, bool) {
+		col, found := t.columns[name]
+		if !found {
+			bad(fmt.Sprintf("column %s.%s does not exist", t.sql, r.ident(name)),
+				fmt.Sprintf("set counters[%d].%s in the config file to a column of %s", i, field, t.sql))
+		}
+		return col, found
+	}
+
+	key, keyOK := need(src, c.Key, "key")
+	tkey, tkeyOK := need(tgt, c.TargetKey, "target_key")
+	for _, k := range []struct {
+		t     *table
+		name  string
+		col   column
+		found bool
+	}{{src, c.Key, key, keyOK}, {tgt, c.TargetKey, tkey, tkeyOK}} {
+		if k.found && keyFamilies[k.col.base] == "" {
+			bad(fmt.Sprintf("key column %s.%s is %s: keys must be smallint, integer, bigint, uuid, text or varchar", k.t.sql, r.ident(k.name), k.col.full), "")
+		}
+	}
+	if keyOK && tkeyOK && keyFamilies[key.base] != "" && keyFamilies[tkey.base] != "" && keyFamilies[key.base] != keyFamilies[tkey.base] {
+		bad(fmt.Sprintf("key %s.%s is %s but target key %s.%s is %s: they cannot be compared",
+			src.sql, r.ident(c.Key), key.full, tgt.sql, r.ident(c.TargetKey), tkey.full), "")
+	}
+
+	col, found := tgt.columns[c.Column]
+	switch {
+	case !found:
+		ok = false
+		r.problem(CheckColumn, fmt.Sprintf("%scounter column %s.%s does not exist", prefix, tgt.sql, r.ident(c.Column)),
+			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s bigint NOT NULL DEFAULT 0; then walcount reconcile", tgt.sql, r.ident(c.Column)))
+	case !slices.Contains(counterTypes, col.base):
+		bad(fmt.Sprintf("counter column %s.%s is %s: it must be integer, bigint or numeric", tgt.sql, r.ident(c.Column), col.full),
+			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE bigint;", tgt.sql, r.ident(c.Column)))
+	case col.generated:
+		bad(fmt.Sprintf("counter column %s.%s is a generated column and cannot be updated", tgt.sql, r.ident(c.Column)), "")
+	case !col.notNull:
+		// NULL + delta is NULL: a row that starts NULL never counts.
+		r.warn(CheckColumn,
+			fmt.Sprintf("%scounter column %s.%s allows NULL, and NULL + delta stays NULL", prefix, tgt.sql, r.ident(c.Column)),
+			fmt.Sprintf("UPDATE %[1]s SET %[2]s = 0 WHERE %[2]s IS NULL; ALTER TABLE %[1]s ALTER COLUMN %[2]s SET DEFAULT 0, ALTER COLUMN %[2]s SET NOT NULL;", tgt.sql, r.ident(c.Column)))
+	}
+
+	if c.Sum != "" {
+		if sum, found := need(src, c.Sum, "sum"); found {
+			switch {
+			case !slices.Contains(sumTypes, sum.base):
+				bad(fmt.Sprintf("summed column %s.%s is %s: it must be smallint, integer, bigint or numeric", src.sql, r.ident(c.Sum), sum.full), "")
+			case sum.base == "numeric" && col.base != "" && col.base != "numeric":
+				// Fractions would be truncated on every flush and the
+				// column would drift away from SUM().
+				bad(fmt.Sprintf("summed column %s.%s is numeric but counter column %s.%s is %s", src.sql, r.ident(c.Sum), tgt.sql, r.ident(c.Column), col.full),
+					fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE numeric;", tgt.sql, r.ident(c.Column)))
+			}
+		}
+	}
+
+	for _, w := range sortedKeys(c.Where) {
+		wcol, found := need(src, w, "where."+w)
+		if !found || c.Where[w] == nil {
+			continue
+		}
+		// Let the server judge the literal, as it will when it compares.
+		var ignored string
+		err := r.conn.QueryRow(r.ctx, "SELECT CAST($1::text AS "+wcol.full+")::text", *c.Where[w]).Scan(&ignored)
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return r.ctx.Err()
+			}
+			msg := err.Error()
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				msg = pgErr.Message
+			}
+			bad(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", *c.Where[w], wcol.full, src.sql, r.ident(w), msg),
+				fmt.Sprintf("fix counters[%d].where.%s in the config file", i, w))
+		}
+	}
+
+	if ok {
+		r.ok(CheckColumn, fmt.Sprintf("%s%s.%s (%s) counts into %s.%s (%s), matched on %s (%s)",
+			prefix, src.sql, r.ident(c.Key), key.full, tgt.sql, r.ident(c.Column), col.full, r.ident(c.TargetKey), tkey.full))
+	}
+	return nil
+}
+
+// checkPrivileges checks that the role can read the source (reconcile
+// counts it) and read and update the counter column by the target key (the
+// flush statement).
+func (r *run) checkPrivileges(c config.Counter, src, tgt *table, prefix string) error {
+	var missing []string
+	var fixes []string
+	var srcSelect bool
+	if err := r.conn.QueryRow(r.ctx, "SELECT has_table_privilege($1::oid, 'SELECT')", src.oid).Scan(&srcSelect); err != nil {
+		return r.queryFailed(CheckPrivilege, prefix+"privileges on "+src.sql, err)
+	}
+	if !srcSelect {
+		missing = append(missing, "SELECT on "+src.sql)
+		fixes = append(fixes, fmt.Sprintf("GRANT SELECT ON %s TO %s;", src.sql, r.ident(r.user)))
+	}
+
+	var selCols, updCols []string
+	for _, p := range []struct{ col, priv string }{
+		{c.TargetKey, "SELECT"}, {c.Column, "SELECT"}, {c.Column, "UPDATE"},
+	} {
+		if _, found := tgt.columns[p.col]; !found {
+			continue // reported by checkColumns
+		}
+		var has bool
+		if err := r.conn.QueryRow(r.ctx, "SELECT has_column_privilege($1::oid, $2::text, $3::text)", tgt.oid, p.col, p.priv).Scan(&has); err != nil {
+			return r.queryFailed(CheckPrivilege, prefix+"privileges on "+tgt.sql, err)
+		}
+		if has {
+			continue
+		}
+		missing = append(missing, fmt.Sprintf("%s on %s.%s", p.priv, tgt.sql, r.ident(p.col)))
+		if p.priv == "SELECT" {
+			selCols = append(selCols, r.ident(p.col))
+		} else {
+			updCols = append(updCols, r.ident(p.col))
+		}
+	}
+	var grants []string
+	if len(selCols) > 0 {
+		grants = append(grants, fmt.Sprintf("SELECT (%s)", strings.Join(selCols, ", ")))
+	}
+	if len(updCols) > 0 {
+		grants = append(grants, fmt.Sprintf("UPDATE (%s)", strings.Join(updCols, ", ")))
+	}
+	if len(grants) > 0 {
+		fixes = append(fixes, fmt.Sprintf("GRANT %s ON %s TO %s;", strings.Join(grants, ", "), tgt.sql, r.ident(r.user)))
+	}
+
+	if len(missing) > 0 {
+		r.problem(CheckPrivilege, fmt.Sprintf("%srole %s lacks %s", prefix, r.user, strings.Join(missing, ", ")), strings.Join(fixes, " "))
+		return nil
+	}
+	r.ok(CheckPrivilege, fmt.Sprintf("%srole %s may read %s and update %s.%s", prefix, r.user, src.sql, tgt.sql, r.ident(c.Column)))
+	return nil
+}
+
+// checkIndexes warns when a key has no index: every flush looks target rows
+// up by target_key and every reconcile batch counts source rows by key.
+func (r *run) checkIndexes(c config.Counter, src, tgt *table, prefix string) error {
+	for _, k := range []struct {
+		t   *table
+		col string
+		why string
+	}{
+		{tgt, c.TargetKey, "every flush looks rows up by it"},
+		{src, c.Key, "reconcile counts rows by it"},
+	} {
+		if _, found := k.t.columns[k.col]; !found {
+			continue // reported by checkColumns
+		}
+		var indexed bool
+		err := r.conn.QueryRow(r.ctx, `
+SELECT EXISTS (
+  SELECT 1 FROM pg_index i
+  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+  WHERE i.indrelid = $1 AND a.attname = $2 AND i.indpred IS NULL)`, k.t.oid, k.col).Scan(&indexed)
+		if err != nil {
+			return r.queryFailed(CheckIndex, prefix+"indexes of "+k.t.sql, err)
+		}
+		if !indexed {
+			r.warn(CheckIndex, fmt.Sprintf("%sno index on %s (%s): %s, so it scans the table", prefix, k.t.sql, r.ident(k.col), k.why),
+				fmt.Sprintf("CREATE INDEX CONCURRENTLY ON %s (%s);", k.t.sql, r.ident(k.col)))
+		}
+	}
+	return nil
+}
+
+// sortedKeys returns the keys of m in order, so that findings are stable.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
