@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Querier runs a query that returns one row. *pgx.Conn, *pgxpool.Pool and
@@ -15,6 +16,12 @@ import (
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
+
+// Both kinds of connection walcount holds can serve ReadSlot.
+var (
+	_ Querier = (*pgx.Conn)(nil)
+	_ Querier = (*pgxpool.Pool)(nil)
+)
 
 // Values of SlotStatus.WALStatus, as PostgreSQL reports them.
 const (
