@@ -122,8 +122,8 @@ func New(opt Options) *Aggregator {
 // Position returns the end LSN of the last transaction written to Redis.
 func (a *Aggregator) Position() cdc.LSN { return a.prev }
 
-// Run consumes batches until in is closed or ctx is done, then writes
-// what is pending. release, if not nil, gets every consumed batch back.
+// Run consumes batches until in is closed, then writes what is pending,
+// or until ctx is done, then returns at once. release, if not nil, gets every consumed batch back.
 func (a *Aggregator) Run(ctx context.Context, in <-chan *cdc.Batch, release func(*cdc.Batch)) error {
 	for {
 		var b *cdc.Batch
@@ -131,10 +131,13 @@ func (a *Aggregator) Run(ctx context.Context, in <-chan *cdc.Batch, release func
 		select {
 		case b, ok = <-in:
 		case <-ctx.Done():
-			return a.writePending(context.WithoutCancel(ctx))
+			// Stopped from outside: the session is being torn down
+			// after an error, so write nothing more. A clean shutdown
+			// closes in instead.
+			return nil
 		}
 		if !ok {
-			return a.writePending(context.WithoutCancel(ctx))
+			return a.writePending(ctx)
 		}
 		if err := a.Process(ctx, b.Events); err != nil {
 			return err
@@ -226,7 +229,6 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 	}
 	return nil
 }
-
 
 func (a *Aggregator) change(ev *cdc.Event) error {
 	rules, ok := a.rules[ev.Rel]

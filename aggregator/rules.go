@@ -3,6 +3,8 @@ package aggregator
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -69,7 +71,7 @@ func bindRules(rel *cdc.Relation, counters []config.Counter) ([]rule, error) {
 			if i < 0 {
 				return nil, fmt.Errorf("counter %s: where column %q not in %s", c.Name, col, rel.QualifiedName())
 			}
-			r.where = append(r.where, filter{col: i, value: v})
+			r.where = append(r.where, filter{col: i, value: canonicalValue(rel.Columns[i].TypeOID, v)})
 			r.cols = append(r.cols, i)
 		}
 		if rel.ReplicaIdentity != 'f' {
@@ -87,18 +89,40 @@ func bindRules(rel *cdc.Relation, counters []config.Counter) ([]rule, error) {
 
 // sourceIs reports whether c counts rows of rel.
 func sourceIs(c config.Counter, rel *cdc.Relation) bool {
-	schema, table := splitTable(c.Source)
+	schema, table := c.SourceTable()
 	return schema == rel.Namespace && table == rel.Name
 }
 
-// splitTable splits "schema.table"; unqualified names are in public.
-func splitTable(name string) (schema, table string) {
-	for i := 0; i < len(name); i++ {
-		if name[i] == '.' {
-			return name[:i], name[i+1:]
+// Type OIDs whose text form walcount canonicalises in filters.
+const (
+	oidBool = 16
+	oidInt8 = 20
+	oidInt2 = 21
+	oidInt4 = 23
+)
+
+// canonicalValue rewrites a configured filter value into the text form
+// pgoutput uses for the column's type, so that `true` matches "t" and
+// "007" matches "7". Other types compare as written.
+func canonicalValue(typeOID uint32, v *string) *string {
+	if v == nil {
+		return nil
+	}
+	out := *v
+	switch typeOID {
+	case oidBool:
+		switch strings.ToLower(strings.TrimSpace(out)) {
+		case "t", "true", "yes", "on", "1", "y":
+			out = "t"
+		case "f", "false", "no", "off", "0", "n":
+			out = "f"
+		}
+	case oidInt2, oidInt4, oidInt8:
+		if n, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64); err == nil {
+			out = strconv.FormatInt(n, 10)
 		}
 	}
-	return "public", name
+	return &out
 }
 
 // value returns column i of t, standing in the same column of alt for an

@@ -176,8 +176,8 @@ func TestCoalescingAndSkipping(t *testing.T) {
 	buf := &recordingBuffer{}
 	a := New(Options{Counters: []config.Counter{countAll}, Buffer: buf, Start: 0x200})
 	var evs []cdc.Event
-	evs = append(evs, txn(1, 0x100, 0x150, ins("1"))...)          // replayed: below Start
-	evs = append(evs, txn(2, 0x1f0, 0x200, ins("1"))...)          // replayed: ends at Start
+	evs = append(evs, txn(1, 0x100, 0x150, ins("1"))...)           // replayed: below Start
+	evs = append(evs, txn(2, 0x1f0, 0x200, ins("1"))...)           // replayed: ends at Start
 	evs = append(evs, txn(3, 0x300, 0x350, ins("1"), ins("1"))...) // new
 	evs = append(evs, txn(4, 0x400, 0x450, ins("2"), del("1"))...)
 	evs = append(evs, txn(5, 0x500, 0x550, ins("3"), del("3"))...) // nets to nothing
@@ -248,5 +248,19 @@ func TestTruncateIsABarrier(t *testing.T) {
 	}
 	if a.Position() != 0x50 {
 		t.Fatalf("position = %s, want 0/50", a.Position())
+	}
+}
+
+func TestFilterValuesAreCanonicalised(t *testing.T) {
+	rel := &cdc.Relation{ID: 9, Namespace: "public", Name: "likes", ReplicaIdentity: 'f',
+		Columns: []cdc.Column{{Name: "post_id", TypeOID: oidInt8}, {Name: "visible", TypeOID: oidBool}, {Name: "kind", TypeOID: oidInt4}}}
+	c := config.Counter{Name: "v", Source: "likes", Key: "post_id", Where: map[string]*string{"visible": strp("true"), "kind": strp("007")}}
+	a := New(Options{Counters: []config.Counter{c}})
+	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: rel, New: cdc.Tuple{Cols: []cdc.Value{txt("5"), txt("t"), txt("7")}}}
+	if err := a.change(&ev); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int64{"v:5": 1}; !maps.Equal(a.txn, want) {
+		t.Fatalf("deltas = %v, want %v", a.txn, want)
 	}
 }

@@ -27,7 +27,7 @@ var ErrBadTarget = errors.New("counter target does not exist")
 
 // resolveTarget reads the key and column types of c's target.
 func resolveTarget(ctx context.Context, q Querier, c config.Counter) (*target, error) {
-	schema, table := splitTable(c.Target)
+	schema, table := c.TargetTable()
 	tbl := pgx.Identifier{schema, table}
 	var keyType string
 	err := q.QueryRow(ctx, `
@@ -58,14 +58,4 @@ WHERE t.%s = d.id`, tbl.Sanitize(), col, col, keyType, key),
 		t.intKey = true
 	}
 	return t, nil
-}
-
-// splitTable splits "schema.table"; unqualified names are in public.
-func splitTable(name string) (schema, table string) {
-	for i := 0; i < len(name); i++ {
-		if name[i] == '.' {
-			return name[:i], name[i+1:]
-		}
-	}
-	return "public", name
 }

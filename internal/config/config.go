@@ -54,7 +54,7 @@ type Config struct {
 	// []Counter{DefaultCounter()}.
 	Counters []Counter `yaml:"counters"`
 	// SlotSettings tune slot monitoring.
-	SlotSettings SlotSettings `yaml:"slot"`
+	SlotSettings SlotSettings `yaml:"slot_monitor"`
 	// Reconcile tunes reconciliation.
 	Reconcile ReconcileSettings `yaml:"reconcile"`
 }

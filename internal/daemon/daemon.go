@@ -45,6 +45,10 @@ type Options struct {
 	RetryMin, RetryMax time.Duration
 	Metrics            *metrics.Metrics
 	Logger             *zap.Logger
+
+	// replayFromSlot starts streaming at the slot's confirmed position
+	// instead of W, so that tests see the server resend what is applied.
+	replayFromSlot bool
 }
 
 // Daemon is walcount run. Create it with New, start it with Run.

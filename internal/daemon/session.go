@@ -34,6 +34,9 @@ func (d *Daemon) session(ctx context.Context) error {
 		return err
 	}
 	w := flusher.W()
+	if d.opt.replayFromSlot {
+		w = 0
+	}
 	stream, err := cdc.Connect(ctx, cdc.StreamConfig{
 		ConnString:     d.cfg.DatabaseURL,
 		Slot:           d.cfg.Slot,

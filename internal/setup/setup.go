@@ -57,7 +57,7 @@ type Result struct {
 func Sources(counters []config.Counter) []string {
 	var out []string
 	for _, c := range counters {
-		s, t := splitTable(c.Source)
+		s, t := c.SourceTable()
 		q := pgx.Identifier{s, t}.Sanitize()
 		if !slices.Contains(out, q) {
 			out = append(out, q)
@@ -65,13 +65,6 @@ func Sources(counters []config.Counter) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-func splitTable(name string) (schema, table string) {
-	if i := strings.IndexByte(name, '.'); i >= 0 {
-		return name[:i], name[i+1:]
-	}
-	return "public", name
 }
 
 // Run makes the database ready for walcount run. It is idempotent.
@@ -200,7 +193,8 @@ ON CONFLICT (slot_name) DO NOTHING`, opt.Slot); err != nil {
 func fixIdentity(ctx context.Context, conn *pgx.Conn, counters []config.Counter, exec func(string, ...any) error) ([]string, error) {
 	need := map[string][]string{}
 	for _, c := range counters {
-		src := pgx.Identifier(splitParts(c.Source)).Sanitize()
+		s, t := c.SourceTable()
+		src := pgx.Identifier{s, t}.Sanitize()
 		cols := []string{c.Key}
 		if c.Sum != "" {
 			cols = append(cols, c.Sum)
@@ -237,11 +231,6 @@ FROM pg_class c WHERE c.oid = to_regclass($1)`, src, need[src]).Scan(&ident, &mi
 		fixed = append(fixed, src)
 	}
 	return fixed, nil
-}
-
-func splitParts(name string) []string {
-	s, t := splitTable(name)
-	return []string{s, t}
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

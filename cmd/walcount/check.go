@@ -1,0 +1,29 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/walcount/walcount/internal/preflight"
+)
+
+func newCheckCmd(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "check",
+		Short: "Check everything walcount run needs; print one line per finding with its fix",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load(cmd)
+			if err != nil {
+				return err
+			}
+			findings, err := preflight.Run(cmd.Context(), preflight.Options{Config: cfg})
+			if err != nil {
+				return err
+			}
+			preflight.Format(cmd.OutOrStdout(), findings)
+			if preflight.HasProblems(findings) {
+				return exitCodeError{exitFailure}
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/internal/setup"
+)
+
+func connectPG(ctx context.Context, cfg config.Config) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %s", redact.URL(cfg.DatabaseURL), redact.URL(err.Error()))
+	}
+	return conn, nil
+}
+
+func newSetupCmd(g *globalFlags) *cobra.Command {
+	var opt setup.Options
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Create the publication, the replication slot and walcount's state table (idempotent)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load(cmd)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			conn, err := connectPG(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.Background())
+			opt.Slot, opt.Publication, opt.Counters = cfg.Slot, cfg.Publication, cfg.Counters
+			opt.Out = cmd.OutOrStdout()
+			res, err := setup.Run(ctx, conn, opt)
+			if err != nil {
+				return err
+			}
+			if opt.PrintSQL {
+				return nil
+			}
+			out := cmd.OutOrStdout()
+			for _, t := range res.FixedIdentityTable {
+				fmt.Fprintf(out, "set REPLICA IDENTITY FULL on %s\n", t)
+			}
+			if res.CreatedSlot {
+				fmt.Fprintf(out, "created replication slot %q at %s\n", cfg.Slot, res.CheckpointLSN)
+			} else {
+				fmt.Fprintf(out, "replication slot %q exists; checkpoint at %s\n", cfg.Slot, res.CheckpointLSN)
+			}
+			fmt.Fprintf(out, "publication %q covers %v\n", cfg.Publication, setup.Sources(cfg.Counters))
+			if res.NeedsReconcile {
+				fmt.Fprintln(out, "the slot is new while a checkpoint existed: changes in between were not seen; run walcount reconcile once walcount run is up")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&opt.PrintSQL, "print-sql", false, "print the SQL instead of running it")
+	cmd.Flags().BoolVar(&opt.RecreateSlot, "recreate-slot", false, "drop and recreate the slot (after it was lost); follow with walcount reconcile")
+	cmd.Flags().BoolVar(&opt.FixReplicaIdentity, "fix-replica-identity", false, "set REPLICA IDENTITY FULL on sources whose identity lacks a counter's columns")
+	return cmd
+}
+
+func newTeardownCmd(g *globalFlags) *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "teardown",
+		Short: "Drop the slot, the publication, walcount's schema and its Redis keys",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load(cmd)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if !yes {
+				fmt.Fprintln(out, "walcount teardown would drop:")
+				for _, p := range setup.TeardownPlan(cfg.Slot, cfg.Publication) {
+					fmt.Fprintln(out, "  -", p)
+				}
+				fmt.Fprintln(out, "run again with --yes to drop them")
+				return nil
+			}
+			ctx := cmd.Context()
+			conn, err := connectPG(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.Background())
+			ropt, err := redis.ParseURL(cfg.RedisURL)
+			if err != nil {
+				return &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: err.Error()}}}
+			}
+			rdb := redis.NewClient(ropt)
+			defer rdb.Close()
+			if err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "dropped slot %q, publication %q, schema walcount and the Redis keys\n", cfg.Slot, cfg.Publication)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&yes, "yes", false, "really drop")
+	return cmd
+}

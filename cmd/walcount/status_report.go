@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/redisbuf"
+	"github.com/walcount/walcount/monitor"
+)
+
+// statusReport is what walcount status prints; it works whether or not
+// the daemon runs.
+type statusReport struct {
+	Slot            monitor.SlotStatus `json:"slot"`
+	Checkpoint      string             `json:"checkpoint_lsn,omitempty"`
+	CheckpointAt    *time.Time         `json:"checkpoint_updated_at,omitempty"`
+	CheckpointError string             `json:"checkpoint_error,omitempty"`
+	RedisLSN        string             `json:"redis_lsn,omitempty"`
+	BufferKeys      *int64             `json:"buffer_keys,omitempty"`
+	FlushInProgress bool               `json:"flush_in_progress"`
+	RedisError      string             `json:"redis_error,omitempty"`
+	Daemon          json.RawMessage    `json:"daemon,omitempty"`
+	DaemonError     string             `json:"daemon_error,omitempty"`
+	Warnings        []string           `json:"warnings,omitempty"`
+}
+
+func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON bool) error {
+	conn, err := connectPG(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var r statusReport
+	if r.Slot, err = monitor.ReadSlot(ctx, conn, cfg.Slot); err != nil {
+		return err
+	}
+	var at time.Time
+	if err := conn.QueryRow(ctx, `SELECT lsn::text, updated_at FROM walcount.checkpoint WHERE slot_name = $1`, cfg.Slot).Scan(&r.Checkpoint, &at); err != nil {
+		r.CheckpointError = fmt.Sprintf("no checkpoint (%v); run walcount setup", err)
+	} else {
+		r.CheckpointAt = &at
+	}
+	if ropt, err := redis.ParseURL(cfg.RedisURL); err != nil {
+		r.RedisError = err.Error()
+	} else {
+		rdb := redis.NewClient(ropt)
+		defer rdb.Close()
+		buf := redisbuf.New(rdb, cfg.Slot)
+		if meta, err := buf.Meta(ctx); err != nil {
+			r.RedisError = err.Error()
+		} else if meta.Exists {
+			r.RedisLSN = meta.LSN.String()
+			r.FlushInProgress = meta.Flushing
+			if n, err := buf.Len(ctx); err == nil {
+				r.BufferKeys = &n
+			}
+		}
+	}
+	if cfg.HTTPAddr != "" {
+		r.Daemon, err = fetchDaemonStatus(ctx, cfg.HTTPAddr)
+		if err != nil {
+			r.DaemonError = fmt.Sprintf("no daemon answers at %s (%v)", cfg.HTTPAddr, err)
+		}
+	}
+	r.Warnings = statusWarnings(r)
+	if asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	printStatus(out, cfg, r)
+	return nil
+}
+
+func fetchDaemonStatus(ctx context.Context, addr string) (json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %s", resp.Status)
+	}
+	return json.RawMessage(body), nil
+}
+
+// statusWarnings says in words what an operator must look at.
+func statusWarnings(r statusReport) []string {
+	var w []string
+	s := r.Slot
+	if err := s.Err(); err != nil {
+		w = append(w, err.Error())
+		return w
+	}
+	if !s.Active {
+		msg := "the slot is INACTIVE: no walcount is streaming from it"
+		if s.LagBytes > 0 {
+			msg += fmt.Sprintf(", and it holds back %s of WAL that keeps growing while writes continue; start walcount run, or drop the slot with walcount teardown --yes if walcount is gone for good", humanBytes(s.LagBytes))
+		}
+		w = append(w, msg)
+	}
+	if s.WALStatus == monitor.WALUnreserved {
+		w = append(w, "wal_status is unreserved: the slot is about to lose WAL it needs; catch up now or raise max_slot_wal_keep_size")
+	}
+	return w
+}
+
+func printStatus(out io.Writer, cfg config.Config, r statusReport) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	s := r.Slot
+	fmt.Fprintf(tw, "slot\t%s\n", cfg.Slot)
+	if !s.Exists {
+		fmt.Fprintf(tw, "state\tmissing (run walcount setup)\n")
+	} else {
+		state := "inactive"
+		if s.Active {
+			state = fmt.Sprintf("active (pid %d)", s.ActivePID)
+		}
+		fmt.Fprintf(tw, "state\t%s\n", state)
+		fmt.Fprintf(tw, "lag\t%s\n", humanBytes(s.LagBytes))
+		fmt.Fprintf(tw, "retained WAL\t%s\n", humanBytes(s.RetainedWALBytes))
+		fmt.Fprintf(tw, "wal_status\t%s\n", s.WALStatus)
+		if s.SafeWALSizeBytes != nil {
+			fmt.Fprintf(tw, "safe_wal_size\t%s\n", humanBytes(*s.SafeWALSizeBytes))
+		} else {
+			fmt.Fprintf(tw, "safe_wal_size\tunlimited (max_slot_wal_keep_size = -1)\n")
+		}
+		fmt.Fprintf(tw, "confirmed\t%s\n", s.ConfirmedFlushLSN)
+	}
+	if r.CheckpointError != "" {
+		fmt.Fprintf(tw, "checkpoint (W)\t%s\n", r.CheckpointError)
+	} else {
+		fmt.Fprintf(tw, "checkpoint (W)\t%s, %s ago\n", r.Checkpoint, time.Since(*r.CheckpointAt).Round(time.Second))
+	}
+	switch {
+	case r.RedisError != "":
+		fmt.Fprintf(tw, "buffer\tredis error: %s\n", r.RedisError)
+	case r.BufferKeys == nil:
+		fmt.Fprintf(tw, "buffer\tempty (no walcount keys in redis)\n")
+	default:
+		fl := ""
+		if r.FlushInProgress {
+			fl = ", flush in progress"
+		}
+		fmt.Fprintf(tw, "buffer\t%d keys up to %s%s\n", *r.BufferKeys, r.RedisLSN, fl)
+	}
+	if r.DaemonError != "" {
+		fmt.Fprintf(tw, "daemon\t%s\n", r.DaemonError)
+	} else if r.Daemon != nil {
+		var d struct {
+			Streaming bool   `json:"streaming"`
+			Received  string `json:"received_lsn"`
+			LastError string `json:"last_error"`
+		}
+		_ = json.Unmarshal(r.Daemon, &d)
+		fmt.Fprintf(tw, "daemon\tstreaming=%v received=%s\n", d.Streaming, d.Received)
+		if d.LastError != "" {
+			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
+		}
+	}
+	tw.Flush()
+	for _, w := range r.Warnings {
+		fmt.Fprintf(out, "WARNING: %s\n", w)
+	}
+}
+
+// humanBytes renders n in binary units.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

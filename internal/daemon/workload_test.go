@@ -1,0 +1,151 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// workload drives every kind of like traffic a Rails app produces, from
+// several concurrent clients. Errors are tolerated and counted, because
+// some tests restart servers under it: whatever committed, committed, and
+// the counts must match whatever that is.
+type workload struct {
+	db      *pgxpool.Pool
+	posts   int
+	ok, bad atomic.Int64
+}
+
+func newWorkload(db *pgxpool.Pool) *workload { return &workload{db: db, posts: 50} }
+
+// run starts clients that each perform ops operations; it returns when
+// all are done.
+func (w *workload) run(ctx context.Context, clients, ops int) {
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		seed := uint64(c + 1)
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(ops)))
+			for i := 0; i < ops && ctx.Err() == nil; i++ {
+				if err := w.op(ctx, rng); err != nil {
+					w.bad.Add(1)
+				} else {
+					w.ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (w *workload) post(rng *rand.Rand) int64 {
+	// Skewed: post 1 is viral.
+	if rng.IntN(3) == 0 {
+		return 1
+	}
+	return int64(1 + rng.IntN(w.posts))
+}
+
+// op performs one random operation.
+func (w *workload) op(ctx context.Context, rng *rand.Rand) error {
+	switch k := rng.IntN(100); {
+	case k < 35: // single like
+		_, err := w.db.Exec(ctx, "INSERT INTO likes (post_id, user_id) VALUES ($1, $2)", w.post(rng), rng.Int64N(1000))
+		return err
+	case k < 45: // multi-row insert
+		_, err := w.db.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1), ($2), ($3), ($1)", w.post(rng), w.post(rng), w.post(rng))
+		return err
+	case k < 60: // unlike
+		_, err := w.db.Exec(ctx, "DELETE FROM likes WHERE id = (SELECT id FROM likes WHERE post_id = $1 ORDER BY random() LIMIT 1)", w.post(rng))
+		return err
+	case k < 65: // rolled back
+		return w.tx(ctx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1)", w.post(rng)); err != nil {
+				return err
+			}
+			return errRollback
+		})
+	case k < 72: // savepoint rolled back inside a committed transaction
+		return w.tx(ctx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1)", w.post(rng)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "SAVEPOINT s"); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1), ($1)", w.post(rng)); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s")
+			return err
+		})
+	case k < 78: // like and unlike in one transaction
+		return w.tx(ctx, func(tx pgx.Tx) error {
+			var id int64
+			if err := tx.QueryRow(ctx, "INSERT INTO likes (post_id) VALUES ($1) RETURNING id", w.post(rng)).Scan(&id); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DELETE FROM likes WHERE id = $1", id)
+			return err
+		})
+	case k < 86: // move a like to another post
+		_, err := w.db.Exec(ctx, "UPDATE likes SET post_id = $2 WHERE id = (SELECT id FROM likes WHERE post_id = $1 LIMIT 1)", w.post(rng), w.post(rng))
+		return err
+	case k < 90: // an update that changes nothing walcount counts
+		_, err := w.db.Exec(ctx, "UPDATE likes SET user_id = user_id + 1 WHERE id = (SELECT id FROM likes WHERE post_id = $1 LIMIT 1)", w.post(rng))
+		return err
+	case k < 93: // COPY
+		conn, err := w.db.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		rows := make([][]any, 1+rng.IntN(20))
+		for i := range rows {
+			rows[i] = []any{w.post(rng), int64(7)}
+		}
+		_, err = conn.Conn().CopyFrom(ctx, pgx.Identifier{"likes"}, []string{"post_id", "user_id"}, pgx.CopyFromRows(rows))
+		return err
+	case k < 97: // a long transaction interleaving with the others
+		return w.tx(ctx, func(tx pgx.Tx) error {
+			for i := 0; i < 5; i++ {
+				if _, err := tx.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1)", w.post(rng)); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, "DELETE FROM likes WHERE id = (SELECT id FROM likes WHERE post_id = $1 LIMIT 1)", w.post(rng))
+			return err
+		})
+	default: // unrelated table traffic
+		_, err := w.db.Exec(ctx, "INSERT INTO events (payload) VALUES ($1)", fmt.Sprint(rng.Int()))
+		return err
+	}
+}
+
+var errRollback = fmt.Errorf("rollback on purpose")
+
+// tx runs fn in a transaction; errRollback rolls back without error.
+func (w *workload) tx(ctx context.Context, fn func(pgx.Tx) error) error {
+	tx, err := w.db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		if err == errRollback {
+			return nil
+		}
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func (w *workload) report(t testing.TB) {
+	t.Logf("workload: %d operations ok, %d failed", w.ok.Load(), w.bad.Load())
+}
