@@ -1,0 +1,37 @@
+# walcount's build. `make test` is what CI runs (see .ci/run).
+
+GO ?= go
+BIN = bin/walcount
+
+.PHONY: all build deps test lint demo bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/walcount
+
+# deps installs (as root) or names what the tests need: PostgreSQL >= 14
+# server binaries, redis-server and promtool.
+deps:
+	sh scripts/ensure-deps.sh
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 40m ./...
+
+lint:
+	@files=$$(gofmt -l .); \
+	if [ -n "$$files" ]; then echo "gofmt -l found unformatted files:"; echo "$$files"; exit 1; fi
+	$(GO) vet ./...
+
+demo: deps build
+	./$(BIN) demo
+
+# bench runs the benchmark harness; QUICK=1 makes it a short run (-quick).
+bench: deps build
+	@quick=; if [ -n "$(QUICK)" ] && [ "$(QUICK)" != 0 ]; then quick=-quick; fi; \
+	echo "$(GO) run ./bench $$quick"; \
+	$(GO) run ./bench $$quick
+
+clean:
+	rm -rf bin
