@@ -35,9 +35,15 @@
 // (--save "" --appendonly no): Redis is walcount's lossy buffer, and tests
 // kill it with SIGKILL to prove that losing it loses nothing.
 //
+// Temporary clusters live under TempRoot: /dev/shm when it is a roomy tmpfs,
+// because creating the thousand files of a cluster on the disk of a small VM
+// costs about a second (see TempRoot for why durability is unaffected).
+//
 // # Process lifetime
 //
 // Every server is a direct child started with a parent-death signal, so that
 // a Go process that dies without calling Close does not leave servers running
-// forever. Close stops the server and removes the directories it created.
+// forever. Close stops the server and removes the directories it created; the
+// directories of a process that died without Close are removed by the next
+// process that starts a server.
 package servers
