@@ -183,8 +183,15 @@ func (s *Stream) ReceivedLSN() LSN { return LSN(s.recv.Load()) }
 // QueueDepth returns how many batches wait for the consumer.
 func (s *Stream) QueueDepth() int { return len(s.out) }
 
-// Close closes the connection. Call it after Run has returned.
+// Close sends a last status update confirming W, so that an Ack made
+// after Run returned (the final flush of a clean shutdown) reaches the
+// server, then closes the connection. Call it after Run has returned.
 func (s *Stream) Close() {
+	if !s.conn.IsClosed() {
+		if err := s.sendStatus(false); err != nil {
+			s.log.Debug("final status update failed", zap.Error(err))
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.conn.Close(ctx)
