@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strings"
 	"testing"
 
 	"github.com/walcount/walcount/cdc"
@@ -262,5 +263,178 @@ func TestFilterValuesAreCanonicalised(t *testing.T) {
 	}
 	if want := map[string]int64{"v:5": 1}; !maps.Equal(a.txn, want) {
 		t.Fatalf("deltas = %v, want %v", a.txn, want)
+	}
+}
+
+// numericTypmod is the type modifier of numeric(p,s).
+func numericTypmod(p, s int) int32 { return int32(p<<16|s&0x7ff) + 4 }
+
+func TestSumScale(t *testing.T) {
+	tests := []struct {
+		name    string
+		oid     uint32
+		typmod  int32
+		want    int
+		refused bool
+	}{
+		{"bigint", oidInt8, -1, 0, false},
+		{"integer", oidInt4, -1, 0, false},
+		{"smallint", oidInt2, -1, 0, false},
+		{"numeric(12,2)", oidNumeric, numericTypmod(12, 2), 2, false},
+		{"numeric(10,0)", oidNumeric, numericTypmod(10, 0), 0, false},
+		{"numeric(18,9)", oidNumeric, numericTypmod(18, 9), 9, false},
+		{"numeric(5,-2)", oidNumeric, numericTypmod(5, -2), 0, false},
+		{"numeric", oidNumeric, -1, 0, true},
+		{"numeric(20,10)", oidNumeric, numericTypmod(20, 10), 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := SumScale(tc.oid, tc.typmod)
+			if tc.refused {
+				if !errors.Is(err, ErrUnsupportedSum) || !errors.Is(err, ErrBadValue) {
+					t.Fatalf("SumScale = %d, %v; want ErrUnsupportedSum", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("SumScale = %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseScaled(t *testing.T) {
+	good := []struct {
+		in    string
+		scale int
+		want  int64
+	}{
+		{"12.5", 2, 1250},
+		{"12.50", 2, 1250},
+		{"12", 2, 1200},
+		{"12.", 2, 1200},
+		{".5", 2, 50},
+		{"0.01", 2, 1},
+		{"-0.01", 2, -1},
+		{"-12.34", 2, -1234},
+		{"+3.1", 1, 31},
+		{"0.000000001", 9, 1},
+		{"0.00", 2, 0},
+		{"-0.00", 2, 0},
+		{"42", 0, 42},
+		{"92233720368547758.07", 2, 1<<63 - 1},
+		{"-92233720368547758.08", 2, -1 << 63},
+		{"9223372036.854775807", 9, 1<<63 - 1},
+	}
+	for _, tc := range good {
+		got, err := parseScaled([]byte(tc.in), tc.scale)
+		if err != nil || got != tc.want {
+			t.Errorf("parseScaled(%q, %d) = %d, %v; want %d", tc.in, tc.scale, got, err, tc.want)
+		}
+	}
+	bad := []struct {
+		in    string
+		scale int
+	}{
+		{"12.345", 2}, // more digits than the scale
+		{"12.500", 2}, // even zeros: the column's own scale never has them
+		{"1.5", 0},
+		{"", 2},
+		{"-", 2},
+		{".", 2},
+		{"1..2", 2},
+		{"1.2.3", 2},
+		{"NaN", 2},
+		{"Infinity", 2},
+		{"1e5", 2},
+		{"1,5", 2},
+		{" 1", 2},
+		{"92233720368547758.08", 2},
+		{"-92233720368547758.09", 2},
+		{"99999999999999999999999", 2},
+		{"1", 10},
+	}
+	for _, tc := range bad {
+		if got, err := parseScaled([]byte(tc.in), tc.scale); !errors.Is(err, ErrBadValue) {
+			t.Errorf("parseScaled(%q, %d) = %d, %v; want ErrBadValue", tc.in, tc.scale, got, err)
+		}
+	}
+}
+
+func TestParseScaledDoesNotAllocate(t *testing.T) {
+	in := []byte("-1234567.89")
+	if n := testing.AllocsPerRun(100, func() { _, _ = parseScaled(in, 2) }); n != 0 {
+		t.Fatalf("parseScaled allocates %.0f times per call", n)
+	}
+}
+
+// likesNumeric is likes with weight numeric(12,2).
+var likesNumeric = &cdc.Relation{
+	ID: 3, Namespace: "public", Name: "likes", ReplicaIdentity: 'f',
+	Columns: []cdc.Column{{Name: "id", Key: true, TypeOID: oidInt8}, {Name: "post_id", TypeOID: oidInt8},
+		{Name: "state", TypeOID: 25}, {Name: "weight", TypeOID: oidNumeric, TypMod: numericTypmod(12, 2)}},
+}
+
+func TestNumericSumAlgebra(t *testing.T) {
+	tests := []struct {
+		name     string
+		op       cdc.Op
+		old, new cdc.Tuple
+		want     map[string]int64
+	}{
+		{"insert", cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, txt("12.50")), map[string]int64{"weight:7": 1250}},
+		{"insert negative", cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, txt("-0.01")), map[string]int64{"weight:7": -1}},
+		{"insert zero", cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, txt("0.00")), map[string]int64{}},
+		{"insert null", cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, null), map[string]int64{}},
+		{"delete", cdc.OpDelete, row(txt("7"), null, txt("3.25")), cdc.Tuple{}, map[string]int64{"weight:7": -325}},
+		{"weight changes", cdc.OpUpdate, row(txt("7"), null, txt("3.25")), row(txt("7"), null, txt("3.30")), map[string]int64{"weight:7": 5}},
+		{"weight to null", cdc.OpUpdate, row(txt("7"), null, txt("3.25")), row(txt("7"), null, null), map[string]int64{"weight:7": -325}},
+		{"weight from null", cdc.OpUpdate, row(txt("7"), null, null), row(txt("7"), null, txt("1.00")), map[string]int64{"weight:7": 100}},
+		{"weight same", cdc.OpUpdate, row(txt("7"), txt("a"), txt("3.25")), row(txt("7"), txt("b"), txt("3.25")), map[string]int64{}},
+		{"moves with its weight", cdc.OpUpdate, row(txt("7"), null, txt("3.25")), row(txt("8"), null, txt("3.25")), map[string]int64{"weight:7": -325, "weight:8": 325}},
+		{"moves and changes", cdc.OpUpdate, row(txt("7"), null, txt("3.25")), row(txt("8"), null, txt("0.75")), map[string]int64{"weight:7": -325, "weight:8": 75}},
+		{"moves to null key", cdc.OpUpdate, row(txt("7"), null, txt("3.25")), row(null, null, txt("3.25")), map[string]int64{"weight:7": -325}},
+		{"unchanged toast takes the old weight", cdc.OpUpdate, row(txt("7"), null, txt("3.25")), row(txt("8"), null, toast), map[string]int64{"weight:7": -325, "weight:8": 325}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := New(Options{Counters: []config.Counter{weights}})
+			ev := cdc.Event{Kind: cdc.KindChange, Op: tc.op, Rel: likesNumeric, Old: tc.old, New: tc.new}
+			if err := a.change(&ev); err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(a.txn, tc.want) {
+				t.Fatalf("deltas = %v, want %v", a.txn, tc.want)
+			}
+		})
+	}
+}
+
+func TestNumericSumErrors(t *testing.T) {
+	a := New(Options{Counters: []config.Counter{weights}})
+	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesNumeric, New: row(txt("7"), null, txt("1.005"))}
+	if err := a.change(&ev); !errors.Is(err, ErrBadValue) {
+		t.Fatalf("three fractional digits at scale 2: err = %v, want ErrBadValue", err)
+	}
+	a = New(Options{Counters: []config.Counter{weights}})
+	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesNumeric, New: row(txt("7"), null, txt("NaN"))}
+	if err := a.change(&ev); !errors.Is(err, ErrBadValue) {
+		t.Fatalf("NaN: err = %v, want ErrBadValue", err)
+	}
+
+	for _, typmod := range []int32{-1, numericTypmod(30, 12)} {
+		rel := *likesNumeric
+		rel.ID = 4
+		rel.Columns = append([]cdc.Column(nil), likesNumeric.Columns...)
+		rel.Columns[3].TypMod = typmod
+		a = New(Options{Counters: []config.Counter{countAll, weights}})
+		ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: &rel, New: row(txt("7"), null, txt("1"))}
+		err := a.change(&ev)
+		if !errors.Is(err, ErrUnsupportedSum) {
+			t.Fatalf("typmod %d: err = %v, want ErrUnsupportedSum", typmod, err)
+		}
+		if !strings.Contains(err.Error(), `ALTER TABLE public.likes ALTER COLUMN "weight" TYPE numeric(12,2)`) {
+			t.Errorf("error does not say how to fix it: %v", err)
+		}
 	}
 }
