@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/internal/config"
 )
 
@@ -34,6 +35,13 @@ type column struct {
 	full      string
 	notNull   bool
 	generated bool
+	// typeOID and typmod are the declared type and modifier, as pgoutput's
+	// RELATION message sends them; domain is true when the type is a
+	// domain, and baseTypmod is then the domain's modifier.
+	typeOID    uint32
+	typmod     int32
+	domain     bool
+	baseTypmod int32
 }
 
 // keyFamilies maps the key types walcount can carry in Redis and in the
@@ -78,7 +86,11 @@ SELECT a.attname,
        format_type(CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END, NULL),
        format_type(a.atttypid, a.atttypmod),
        a.attnotnull,
-       a.attgenerated <> ''
+       a.attgenerated <> '',
+       a.atttypid,
+       a.atttypmod,
+       ty.typtype = 'd',
+       CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END
 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.oid)
 	if err != nil {
@@ -88,7 +100,7 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.oid)
 	for rows.Next() {
 		var name string
 		var c column
-		if err := rows.Scan(&name, &c.base, &c.full, &c.notNull, &c.generated); err != nil {
+		if err := rows.Scan(&name, &c.base, &c.full, &c.notNull, &c.generated, &c.typeOID, &c.typmod, &c.domain, &c.baseTypmod); err != nil {
 			return nil, fmt.Errorf("read columns of %s: %w", t.sql, err)
 		}
 		t.columns[name] = c
@@ -216,15 +228,7 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 
 	if c.Sum != "" {
 		if sum, found := need(src, c.Sum, "sum"); found {
-			switch {
-			case !slices.Contains(sumTypes, sum.base):
-				bad(fmt.Sprintf("summed column %s.%s is %s: it must be smallint, integer, bigint or numeric", src.sql, r.ident(c.Sum), sum.full), "")
-			case sum.base == "numeric" && col.base != "" && col.base != "numeric":
-				// Fractions would be truncated on every flush and the
-				// column would drift away from SUM().
-				bad(fmt.Sprintf("summed column %s.%s is numeric but counter column %s.%s is %s", src.sql, r.ident(c.Sum), tgt.sql, r.ident(c.Column), col.full),
-					fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE numeric;", tgt.sql, r.ident(c.Column)))
-			}
+			r.checkSum(c, src, tgt, sum, col, bad)
 		}
 	}
 
@@ -255,6 +259,54 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 			prefix, src.sql, r.ident(c.Key), key.full, tgt.sql, r.ident(c.Column), col.full, r.ident(c.TargetKey), tkey.full))
 	}
 	return nil
+}
+
+// checkSum checks that the summed column can be summed exactly: deltas are
+// int64 counts of 10^-s units, s being the declared scale of a numeric(p,s)
+// column (aggregator.SumScale), and the flush divides them back into the
+// counter column, which must keep s fractional digits.
+func (r *run) checkSum(c config.Counter, src, tgt *table, sum, col column, bad func(msg, fix string)) {
+	name := fmt.Sprintf("%s.%s", src.sql, r.ident(c.Sum))
+	withScale := fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE numeric(12,2);", src.sql, r.ident(c.Sum))
+	if !slices.Contains(sumTypes, sum.base) {
+		bad(fmt.Sprintf("summed column %s is %s: it must be smallint, integer, bigint or numeric", name, sum.full), "")
+		return
+	}
+	if sum.base != "numeric" {
+		return
+	}
+	if sum.domain {
+		// pgoutput sends the domain's OID, whose values walcount reads
+		// as integers: it cannot know the domain's scale.
+		bad(fmt.Sprintf("summed column %s is %s, a domain over numeric: walcount needs the column's own numeric(p,s) type to know its scale", name, sum.full), withScale)
+		return
+	}
+	scale, err := aggregator.SumScale(sum.typeOID, sum.typmod)
+	if err != nil {
+		why := "it has no declared scale, so its values may carry any number of fractional digits"
+		if sum.typmod >= 4 {
+			why = fmt.Sprintf("its scale is above %d, the most an exact int64 sum holds", aggregator.MaxSumScale)
+		}
+		bad(fmt.Sprintf("summed column %s is %s: %s; declare the scale your values need", name, sum.full, why), withScale)
+		// Whatever its scale becomes, a non-numeric column cannot hold it.
+		scale = 1
+	}
+	if scale == 0 || col.base == "" {
+		return
+	}
+	colScale := 0
+	if col.base == "numeric" {
+		colScale = scale
+		if t := col.baseTypmod; t >= 4 {
+			colScale = int((((t - 4) & 0x7ff) ^ 1024) - 1024)
+		}
+	}
+	if colScale < scale {
+		// Fractions would be rounded on every flush and the column would
+		// drift away from SUM().
+		bad(fmt.Sprintf("summed column %s is %s but counter column %s.%s is %s, which cannot hold its fractional digits", name, sum.full, tgt.sql, r.ident(c.Column), col.full),
+			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE numeric;", tgt.sql, r.ident(c.Column)))
+	}
 }
 
 // checkPrivileges checks that the role can read the source (reconcile
