@@ -46,8 +46,9 @@ type CommitRecorder interface {
 type MessageHandler func(end cdc.LSN, xid uint32, content []byte) ([]redisbuf.Delta, error)
 
 // TxnObserver sees every committed transaction with its deltas (before
-// coalescing across transactions); reconciliation uses it.
-type TxnObserver func(xid uint32, end cdc.LSN, deltas map[string]int64)
+// coalescing across transactions) and the counters it truncated;
+// reconciliation uses it. It must not keep deltas.
+type TxnObserver func(xid uint32, end cdc.LSN, deltas map[string]int64, truncated map[string]bool)
 
 // Options configure an Aggregator.
 type Options struct {
@@ -291,7 +292,7 @@ func (a *Aggregator) add(field string, n int64) {
 func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 	a.opt.Metrics.Transactions.Inc()
 	if a.opt.Observe != nil {
-		a.opt.Observe(a.xid, ev.LSN, a.txn)
+		a.opt.Observe(a.xid, ev.LSN, a.txn, a.resets)
 	}
 	if len(a.resets) > 0 {
 		if err := a.writePending(ctx); err != nil {

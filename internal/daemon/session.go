@@ -68,6 +68,8 @@ func (d *Daemon) session(ctx context.Context) error {
 		return err
 	}
 	d.lag.Reset()
+	// Measurements in flight relied on the old session's recording.
+	d.rec.Recorder().NewSession()
 	d.mu.Lock()
 	if d.state.failures > 0 || d.state.waiting {
 		d.log.Info("recovered: streaming again", zap.Int("after_failures", d.state.failures))
@@ -95,6 +97,8 @@ func (d *Daemon) session(ctx context.Context) error {
 		Barrier:  flusher,
 		Start:    start,
 		Commits:  d.lag,
+		Messages: d.rec.Recorder().HandleMessage,
+		Observe:  d.rec.Recorder().Observe,
 		Metrics:  d.m,
 		Logger:   d.log,
 	})

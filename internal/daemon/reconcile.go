@@ -1,0 +1,58 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/reconcile"
+)
+
+// newReconciler builds the daemon's reconciler: it flushes through the
+// current session and pauses while the stream is behind.
+func (d *Daemon) newReconciler() *reconcile.Reconciler {
+	// A nil interval means the default; zero disables scheduled runs.
+	every := config.DefaultReconcileInterval
+	if d.cfg.Reconcile.Interval != nil {
+		every = *d.cfg.Reconcile.Interval
+	}
+	return reconcile.New(reconcile.Options{
+		Pool:      d.pool,
+		Slot:      d.cfg.Slot,
+		Counters:  d.cfg.Counters,
+		BatchSize: d.cfg.Reconcile.BatchSize,
+		Interval:  every,
+		Backfill:  true,
+		Flush:     d.flushNow,
+		Busy:      d.busy,
+		Metrics:   d.m,
+		Logger:    d.log,
+	})
+}
+
+// ReconcileHandler serves POST /v1/reconcile.
+func (d *Daemon) ReconcileHandler() http.Handler { return d.rec.Handler() }
+
+// ReconcileStatus returns the reconciliation state for /status.
+func (d *Daemon) ReconcileStatus() reconcile.Status { return d.rec.Status() }
+
+// flushNow flushes through the running session.
+func (d *Daemon) flushNow(ctx context.Context) error {
+	d.mu.Lock()
+	f, streaming := d.state.flusher, d.state.streaming
+	d.mu.Unlock()
+	if f == nil || !streaming {
+		return reconcile.ErrNotStreaming
+	}
+	_, err := f.Flush(ctx)
+	return err
+}
+
+// busy reports that the stream is behind: batches wait between cdc and
+// the aggregator.
+func (d *Daemon) busy() bool {
+	d.mu.Lock()
+	s := d.state.stream
+	d.mu.Unlock()
+	return s != nil && s.QueueDepth() > 1
+}

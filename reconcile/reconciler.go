@@ -1,0 +1,655 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/metrics"
+)
+
+// Defaults of Options.
+const (
+	// DefaultStepTimeout bounds each wait of a measurement: for M0 to be
+	// seen, for W to pass it, and for M1.
+	DefaultStepTimeout = 30 * time.Second
+	// DefaultMaxAttempts is how often a batch is measured again after a
+	// session restart or a timeout before the run fails.
+	DefaultMaxAttempts = 20
+)
+
+var (
+	// ErrBusy is returned by Start while a run is in progress.
+	ErrBusy = errors.New("a reconciliation is already running")
+	// ErrUnknownCounter is returned by Start for a counter name that is
+	// not configured.
+	ErrUnknownCounter = errors.New("no such counter")
+	// ErrNotStreaming is returned by a FlushFunc while no replication
+	// session runs.
+	ErrNotStreaming = errors.New("walcount is not streaming")
+)
+
+// FlushFunc asks the running session to flush now.
+type FlushFunc func(ctx context.Context) error
+
+// Options configure a Reconciler.
+type Options struct {
+	Pool     *pgxpool.Pool
+	Slot     string
+	Counters []config.Counter
+	// BatchSize is the number of keys per measurement; default
+	// config.DefaultReconcileBatchSize.
+	BatchSize int
+	// Interval between scheduled runs; 0 disables them.
+	Interval time.Duration
+	// Backfill runs a full reconciliation of counters that are new or
+	// changed since the last backfill.
+	Backfill bool
+	// Flush makes the session flush at once, so that W passes a marker
+	// without waiting for the flush interval.
+	Flush FlushFunc
+	// Busy reports that the stream is behind; the reconciler pauses
+	// between batches while it is, so it never starves the stream.
+	Busy func() bool
+	// StepTimeout: default DefaultStepTimeout.
+	StepTimeout time.Duration
+	Metrics     *metrics.Metrics
+	Logger      *zap.Logger
+}
+
+// Request is an on-demand run.
+type Request struct {
+	// Counter limits the run to one counter; empty means all.
+	Counter   string `json:"counter"`
+	DryRun    bool   `json:"dry_run"`
+	BatchSize int    `json:"batch_size"`
+}
+
+// Reconciler runs reconciliations inside the daemon: scheduled, on
+// demand, and backfills; one at a time, resumable after a restart.
+type Reconciler struct {
+	opt   Options
+	log   *zap.Logger
+	rec   *Recorder
+	store store
+	seq   int64
+	kick  chan struct{}
+
+	mu      sync.Mutex
+	current *RunInfo
+	last    *RunInfo
+	ready   bool
+}
+
+// New returns a Reconciler. Its Recorder must be wired into the
+// aggregator.
+func New(opt Options) *Reconciler {
+	if opt.BatchSize <= 0 {
+		opt.BatchSize = config.DefaultReconcileBatchSize
+	}
+	if opt.StepTimeout <= 0 {
+		opt.StepTimeout = DefaultStepTimeout
+	}
+	if opt.Logger == nil {
+		opt.Logger = zap.NewNop()
+	}
+	if opt.Metrics == nil {
+		opt.Metrics = metrics.New()
+	}
+	return &Reconciler{
+		opt:   opt,
+		log:   opt.Logger,
+		rec:   NewRecorder(opt.Slot, opt.Logger),
+		store: store{pool: opt.Pool, slot: opt.Slot},
+		kick:  make(chan struct{}, 1),
+	}
+}
+
+// Recorder returns the stream-side part.
+func (r *Reconciler) Recorder() *Recorder { return r.rec }
+
+// Status is the reconciliation state shown in /status.
+type Status struct {
+	Current *RunInfo `json:"current,omitempty"`
+	Last    *RunInfo `json:"last,omitempty"`
+}
+
+// Status returns the current and the last finished run.
+func (r *Reconciler) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var s Status
+	if r.current != nil {
+		c := *r.current
+		c.Drift = slices.Clone(c.Drift)
+		s.Current = &c
+	}
+	if r.last != nil {
+		l := *r.last
+		s.Last = &l
+	}
+	return s
+}
+
+// Start queues an on-demand run and returns it.
+func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
+	r.mu.Lock()
+	busy, ready := r.current != nil, r.ready
+	r.mu.Unlock()
+	if !ready {
+		return RunInfo{}, fmt.Errorf("start reconciliation: %w", ErrNotStreaming)
+	}
+	if busy {
+		return RunInfo{}, ErrBusy
+	}
+	if _, ok, err := r.store.unfinished(ctx); err != nil {
+		return RunInfo{}, err
+	} else if ok {
+		return RunInfo{}, ErrBusy
+	}
+	var names []string
+	for _, c := range r.opt.Counters {
+		if req.Counter == "" || req.Counter == c.Name {
+			names = append(names, c.Name)
+		}
+	}
+	if len(names) == 0 {
+		return RunInfo{}, fmt.Errorf("%w: %q", ErrUnknownCounter, req.Counter)
+	}
+	batch := req.BatchSize
+	if batch <= 0 {
+		batch = r.opt.BatchSize
+	}
+	run, err := r.store.create(ctx, KindManual, names, req.DryRun, batch)
+	if err != nil {
+		return RunInfo{}, fmt.Errorf("create reconcile run: %w", err)
+	}
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+	return run, nil
+}
+
+// Run executes runs until ctx is done: it resumes an unfinished run,
+// backfills new counters, then waits for requests and the schedule.
+func (r *Reconciler) Run(ctx context.Context) error {
+	if err := r.waitStore(ctx); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.ready = true
+	r.mu.Unlock()
+	if r.opt.Backfill {
+		if err := r.backfill(ctx); err != nil && ctx.Err() == nil {
+			r.log.Error("backfill failed", zap.Error(err))
+		}
+	}
+	for {
+		if err := r.runPending(ctx); err != nil && ctx.Err() == nil {
+			r.log.Error("reconciliation failed", zap.Error(err))
+		}
+		var timer <-chan time.Time
+		if r.opt.Interval > 0 {
+			last, ok, err := r.store.lastFinished(ctx)
+			wait := r.opt.Interval
+			if err == nil && ok {
+				wait = time.Until(last.Add(r.opt.Interval))
+			}
+			timer = time.After(max(wait, time.Second))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+		case <-timer:
+			if _, err := r.store.create(ctx, KindScheduled, r.names(), false, r.opt.BatchSize); err != nil && ctx.Err() == nil {
+				r.log.Error("schedule reconciliation", zap.Error(err))
+			}
+		}
+	}
+}
+
+// waitStore creates the progress tables, retrying while PostgreSQL is
+// away.
+func (r *Reconciler) waitStore(ctx context.Context) error {
+	for {
+		err := r.store.ensure(ctx)
+		if err == nil {
+			return nil
+		}
+		r.log.Debug("reconcile store not ready", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (r *Reconciler) names() []string {
+	var out []string
+	for _, c := range r.opt.Counters {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func (r *Reconciler) counter(name string) (config.Counter, bool) {
+	for _, c := range r.opt.Counters {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return config.Counter{}, false
+}
+
+// backfill reconciles the counters that are new or changed, so adding
+// walcount to a table that already has rows makes the counts exact.
+func (r *Reconciler) backfill(ctx context.Context) error {
+	names, err := r.store.needBackfill(ctx, r.opt.Counters)
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	if _, ok, err := r.store.unfinished(ctx); err != nil || ok {
+		return err // an unfinished run resumes first; backfill next start
+	}
+	r.log.Info("backfilling new counters", zap.Strings("counters", names))
+	if _, err := r.store.create(ctx, KindBackfill, names, false, r.opt.BatchSize); err != nil {
+		return err
+	}
+	return nil
+}
+
+// runPending executes every pending or interrupted run, oldest first.
+func (r *Reconciler) runPending(ctx context.Context) error {
+	for ctx.Err() == nil {
+		run, ok, err := r.store.unfinished(ctx)
+		if err != nil || !ok {
+			return err
+		}
+		if err := r.execute(ctx, run); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// execute runs one reconciliation to its end, saving progress after
+// every batch.
+func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
+	start := time.Now()
+	resumed := run.Status == StatusRunning
+	run.Status = StatusRunning
+	if !resumed {
+		run.Total = 0
+		for _, name := range run.Counters {
+			if c, ok := r.counter(name); ok {
+				sql, err := resolveCounter(ctx, r.opt.Pool, c)
+				if err != nil {
+					return r.fail(ctx, run, err)
+				}
+				var n int64
+				if err := r.opt.Pool.QueryRow(ctx, sql.total).Scan(&n); err != nil {
+					return r.fail(ctx, run, fmt.Errorf("count target rows: %w", err))
+				}
+				run.Total += n
+			}
+		}
+	}
+	r.setCurrent(&run)
+	r.log.Info("reconciliation started", zap.Int64("run", run.ID), zap.String("kind", run.Kind),
+		zap.Strings("counters", run.Counters), zap.Bool("dry_run", run.DryRun), zap.Bool("resumed", resumed),
+		zap.Int64("total_keys", run.Total))
+	if err := r.store.progress(ctx, run); err != nil {
+		return err
+	}
+	startIdx := 0
+	if run.CurCounter != "" {
+		if i := slices.Index(run.Counters, run.CurCounter); i >= 0 {
+			startIdx = i
+		}
+	}
+	for _, name := range run.Counters[startIdx:] {
+		c, ok := r.counter(name)
+		if !ok {
+			return r.fail(ctx, run, fmt.Errorf("%w: %q is not configured any more", ErrUnknownCounter, name))
+		}
+		if run.CurCounter != name {
+			run.CurCounter, run.LastKey = name, ""
+		}
+		if err := r.reconcileCounter(ctx, &run, c); err != nil {
+			if ctx.Err() != nil {
+				return nil // resumes after restart
+			}
+			return r.fail(ctx, run, err)
+		}
+		if run.Kind == KindBackfill && !run.DryRun {
+			if err := r.store.backfilled(ctx, c); err != nil {
+				return r.fail(ctx, run, err)
+			}
+		}
+	}
+	run.Status = StatusDone
+	now := time.Now()
+	run.FinishedAt = &now
+	if err := r.store.progress(ctx, run); err != nil {
+		return err
+	}
+	r.finish(run)
+	r.log.Info("reconciliation done", zap.Int64("run", run.ID), zap.Int64("keys_checked", run.KeysChecked),
+		zap.Int64("drifted", run.Drifted), zap.Int64("corrected", run.Corrected), zap.Duration("took", time.Since(start)))
+	return nil
+}
+
+func (r *Reconciler) fail(ctx context.Context, run RunInfo, err error) error {
+	run.Status = StatusFailed
+	run.Error = err.Error()
+	now := time.Now()
+	run.FinishedAt = &now
+	if perr := r.store.progress(context.WithoutCancel(ctx), run); perr != nil {
+		r.log.Error("save failed run", zap.Error(perr))
+	}
+	r.finish(run)
+	return fmt.Errorf("reconcile run %d: %w", run.ID, err)
+}
+
+func (r *Reconciler) setCurrent(run *RunInfo) {
+	r.mu.Lock()
+	r.current = run
+	r.mu.Unlock()
+}
+
+func (r *Reconciler) update(run *RunInfo, drift []KeyDrift) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.current == nil {
+		return
+	}
+	d := r.current.Drift
+	for _, k := range drift {
+		if len(d) < MaxDriftSamples {
+			d = append(d, k)
+		}
+	}
+	run.Drift = d
+	*r.current = *run
+}
+
+func (r *Reconciler) finish(run RunInfo) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.current != nil {
+		run.Drift = r.current.Drift
+	}
+	r.current = nil
+	r.last = &run
+}
+
+// reconcileCounter walks c's target table in key order.
+func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c config.Counter) error {
+	sql, err := resolveCounter(ctx, r.opt.Pool, c)
+	if err != nil {
+		return err
+	}
+	var after any
+	if run.LastKey != "" {
+		after = run.LastKey
+	}
+	for {
+		keys, err := r.scan(ctx, sql, after, run.BatchSize)
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		drift, applied, err := r.checkBatch(ctx, sql, keys, run.DryRun)
+		if err != nil {
+			return err
+		}
+		run.KeysChecked += int64(len(keys))
+		run.Drifted += int64(len(drift))
+		run.Corrected += int64(len(applied))
+		run.LastKey = keys[len(keys)-1]
+		after = run.LastKey
+		r.opt.Metrics.ReconcileKeysChecked.WithLabelValues(c.Name).Add(float64(len(keys)))
+		r.opt.Metrics.ReconcileCorrections.WithLabelValues(c.Name).Add(float64(len(applied)))
+		r.update(run, drift)
+		if err := r.store.progress(ctx, *run); err != nil {
+			return err
+		}
+		r.pace(ctx)
+	}
+}
+
+// pace waits while the stream is behind, so reconciliation never starves
+// it.
+func (r *Reconciler) pace(ctx context.Context) {
+	if r.opt.Busy == nil {
+		return
+	}
+	for i := 0; i < 50 && r.opt.Busy(); i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (r *Reconciler) scan(ctx context.Context, sql *counterSQL, after any, n int) ([]string, error) {
+	rows, err := r.opt.Pool.Query(ctx, sql.scan, after, n)
+	if err != nil {
+		return nil, fmt.Errorf("scan target keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("scan target keys: %w", err)
+	}
+	return keys, nil
+}
+
+// checkBatch measures keys; where it finds drift it measures the drifted
+// keys again and corrects those whose two measurements agree. It returns
+// the drifted keys (both measurements agree) and those corrected.
+func (r *Reconciler) checkBatch(ctx context.Context, sql *counterSQL, keys []string, dry bool) (drift, applied []KeyDrift, err error) {
+	first, err := r.measureRetrying(ctx, sql, keys, nil, false)
+	if err != nil || len(first.drift) == 0 {
+		return nil, nil, err
+	}
+	prev := make(map[string]int64, len(first.drift))
+	again := make([]string, 0, len(first.drift))
+	for _, k := range keys {
+		if d, ok := first.drift[k]; ok {
+			prev[k] = d.Correction
+			again = append(again, k)
+		}
+	}
+	second, err := r.measureRetrying(ctx, sql, again, prev, !dry)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, k := range again {
+		if d, ok := second.drift[k]; ok && d.Correction == prev[k] {
+			drift = append(drift, d)
+			if dry {
+				r.log.Info("drift found (dry run, not corrected)", zap.String("counter", d.Counter), zap.String("key", d.Key),
+					zap.Int64("cached", d.Cached), zap.Int64("true", d.True), zap.Int64("correction", d.Correction))
+			}
+		}
+	}
+	for _, d := range second.applied {
+		r.log.Warn("corrected drift", zap.String("counter", d.Counter), zap.String("key", d.Key),
+			zap.Int64("cached", d.Cached), zap.Int64("true", d.True), zap.Int64("correction", d.Correction))
+	}
+	return drift, second.applied, nil
+}
+
+// measureRetrying repeats a measurement that a session restart or a
+// timeout interrupted.
+func (r *Reconciler) measureRetrying(ctx context.Context, sql *counterSQL, keys []string, prev map[string]int64, apply bool) (outcome, error) {
+	var err error
+	for attempt := 1; attempt <= DefaultMaxAttempts; attempt++ {
+		var out outcome
+		out, err = r.measure(ctx, sql, keys, prev, apply)
+		if err == nil || ctx.Err() != nil {
+			return out, err
+		}
+		r.log.Debug("measurement interrupted; measuring again", zap.Error(err), zap.Int("attempt", attempt))
+		select {
+		case <-ctx.Done():
+			return outcome{}, ctx.Err()
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		}
+	}
+	return outcome{}, fmt.Errorf("measure %d keys of %s: gave up after %d attempts: %w", len(keys), sql.name, DefaultMaxAttempts, err)
+}
+
+// measure runs one bracketed measurement (see the package documentation).
+func (r *Reconciler) measure(ctx context.Context, sql *counterSQL, keys []string, prev map[string]int64, apply bool) (outcome, error) {
+	r.seq++
+	m := &measurement{
+		id:      strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatInt(r.seq, 10),
+		counter: sql.name,
+		keys:    keys,
+		prev:    prev,
+		apply:   apply,
+	}
+	if err := r.rec.register(m); err != nil {
+		return outcome{}, err
+	}
+	defer r.rec.unregister(m)
+
+	// 1. M0, and wait until its transaction committed in the stream.
+	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 0)); err != nil {
+		return outcome{}, err
+	}
+	if err := r.wait(ctx, m.committed, m.done, "marker M0 in the stream"); err != nil {
+		return outcome{}, err
+	}
+	// 2. W past M0.
+	if err := r.waitCheckpoint(ctx, m.m0End, m.done); err != nil {
+		return outcome{}, err
+	}
+	// 3. Truth, column, W and the snapshot, all in one snapshot.
+	snap, ws, truth, column, err := r.read(ctx, sql, keys)
+	if err != nil {
+		return outcome{}, err
+	}
+	r.rec.setSnapshot(m, snap, ws, truth, column)
+	// 4. M1; the recorder evaluates when it arrives.
+	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 1)); err != nil {
+		return outcome{}, err
+	}
+	if err := r.wait(ctx, m.done, nil, "marker M1 in the stream"); err != nil {
+		return outcome{}, err
+	}
+	if m.err != nil {
+		return outcome{}, m.err
+	}
+	return m.out, nil
+}
+
+func (r *Reconciler) markerJSON(id string, phase int) string {
+	return fmt.Sprintf(`{"reconcile":%q,"phase":%d,"slot":%q}`, id, phase, r.opt.Slot)
+}
+
+// wait waits for ch, failing early when failed closes (the measurement
+// ended with an error).
+func (r *Reconciler) wait(ctx context.Context, ch, failed <-chan struct{}, what string) error {
+	t := time.NewTimer(r.opt.StepTimeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-failed:
+		return errSessionRestarted
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return fmt.Errorf("timed out after %s waiting for %s", r.opt.StepTimeout, what)
+	}
+}
+
+// waitCheckpoint flushes until W reaches lsn.
+func (r *Reconciler) waitCheckpoint(ctx context.Context, lsn cdc.LSN, failed <-chan struct{}) error {
+	deadline := time.Now().Add(r.opt.StepTimeout)
+	for {
+		var w cdc.LSN
+		if err := r.opt.Pool.QueryRow(ctx, `SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1`, r.opt.Slot).Scan(&w); err != nil {
+			return fmt.Errorf("read checkpoint: %w", err)
+		}
+		if w >= lsn {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for the checkpoint to pass %s (at %s)", r.opt.StepTimeout, lsn, w)
+		}
+		if r.opt.Flush != nil {
+			if err := r.opt.Flush(ctx); err != nil && !errors.Is(err, ErrNotStreaming) {
+				return err
+			}
+		}
+		select {
+		case <-failed:
+			return errSessionRestarted
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// read takes the snapshot S and reads W_S, the truth and the column in
+// it.
+func (r *Reconciler) read(ctx context.Context, sql *counterSQL, keys []string) (Snapshot, cdc.LSN, map[string]int64, map[string]int64, error) {
+	var snap Snapshot
+	var ws cdc.LSN
+	truth := make(map[string]int64, len(keys))
+	column := make(map[string]int64, len(keys))
+	err := pgx.BeginTxFunc(ctx, r.opt.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var s string
+		// The first statement fixes the snapshot: pg_current_snapshot()
+		// is the snapshot every later statement of the transaction uses.
+		if err := tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text, (SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1)`, r.opt.Slot).Scan(&s, &ws); err != nil {
+			return fmt.Errorf("read snapshot and checkpoint: %w", err)
+		}
+		var err error
+		if snap, err = ParseSnapshot(s); err != nil {
+			return err
+		}
+		if err := collect(ctx, tx, sql.truth, append([]any{keys}, sql.filterArgs...), truth); err != nil {
+			return fmt.Errorf("read true values: %w", err)
+		}
+		if err := collect(ctx, tx, sql.column, []any{keys}, column); err != nil {
+			return fmt.Errorf("read counter column: %w", err)
+		}
+		return nil
+	})
+	return snap, ws, truth, column, err
+}
+
+func collect(ctx context.Context, tx pgx.Tx, query string, args []any, into map[string]int64) error {
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	var k string
+	var v int64
+	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
+		into[k] = v
+		return nil
+	})
+	return err
+}

@@ -1,0 +1,292 @@
+package reconcile
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/redisbuf"
+)
+
+// errSessionRestarted means the replication session a measurement relied
+// on ended; the measurement is repeated.
+var errSessionRestarted = errors.New("replication session restarted during the measurement")
+
+// marker is the content of walcount's reconcile messages.
+type marker struct {
+	Reconcile string `json:"reconcile"`
+	Phase     int    `json:"phase"`
+	Slot      string `json:"slot"`
+}
+
+// txnRecord is one recorded transaction: its deltas for a measurement's
+// keys.
+type txnRecord struct {
+	xid    uint32
+	end    cdc.LSN
+	deltas map[string]int64 // key → delta
+}
+
+// KeyDrift is one key whose column is off.
+type KeyDrift struct {
+	Counter    string `json:"counter"`
+	Key        string `json:"key"`
+	Cached     int64  `json:"cached"`
+	True       int64  `json:"true"`
+	Correction int64  `json:"correction"`
+}
+
+// outcome is what a measurement found at M1.
+type outcome struct {
+	drift   map[string]KeyDrift // key → drift, non-zero corrections only
+	applied []KeyDrift
+}
+
+// measurement is one bracketed measurement of a batch of keys.
+type measurement struct {
+	id      string
+	counter string
+	gen     uint64
+	keys    []string
+	// prev holds the first measurement's corrections; a correction is
+	// applied when it equals prev's and apply is set.
+	prev  map[string]int64
+	apply bool
+
+	// Stream side, under Recorder.mu.
+	m0Xid     uint32
+	m0Seen    bool
+	m0End     cdc.LSN
+	recording bool
+	invalid   error
+	records   []txnRecord
+	committed chan struct{} // closed when M0's transaction committed
+
+	// Reconciler side, set before M1 is emitted.
+	ready  bool
+	snap   Snapshot
+	ws     cdc.LSN
+	truth  map[string]int64
+	column map[string]int64
+
+	done chan struct{} // closed at M1 or on failure
+	out  outcome
+	err  error
+}
+
+// Recorder is the part of reconciliation that runs inside the stream: the
+// aggregator calls HandleMessage and Observe from its goroutine, in
+// stream order. The reconciler registers measurements from another
+// goroutine. All methods are safe for concurrent use.
+type Recorder struct {
+	slot   string
+	log    *zap.Logger
+	active atomic.Int32
+
+	mu     sync.Mutex
+	gen    uint64
+	byID   map[string]*measurement
+	fields map[string]*measurement // "counter:key" → measurement
+}
+
+// NewRecorder returns a Recorder for slot's markers.
+func NewRecorder(slot string, log *zap.Logger) *Recorder {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Recorder{slot: slot, log: log, byID: map[string]*measurement{}, fields: map[string]*measurement{}}
+}
+
+// NewSession forgets everything recorded: a new replication session
+// cannot continue a measurement, because transactions it skips as
+// already applied would not be recorded. Open measurements fail and are
+// repeated by the reconciler.
+func (r *Recorder) NewSession() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gen++
+	for id, m := range r.byID {
+		r.finishLocked(m, errSessionRestarted)
+		delete(r.byID, id)
+	}
+}
+
+// register adds a measurement; it starts recording at M0's commit.
+func (r *Recorder) register(m *measurement) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range m.keys {
+		f := redisbuf.Field(m.counter, k)
+		if other := r.fields[f]; other != nil {
+			return fmt.Errorf("key %s of counter %s is already being measured", k, m.counter)
+		}
+	}
+	m.gen = r.gen
+	m.committed = make(chan struct{})
+	m.done = make(chan struct{})
+	r.byID[m.id] = m
+	for _, k := range m.keys {
+		r.fields[redisbuf.Field(m.counter, k)] = m
+	}
+	r.active.Add(1)
+	return nil
+}
+
+// unregister removes m, whatever its state.
+func (r *Recorder) unregister(m *measurement) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.finishLocked(m, errors.New("measurement abandoned"))
+	delete(r.byID, m.id)
+}
+
+// finishLocked ends m once: it stops recording and wakes the waiter.
+func (r *Recorder) finishLocked(m *measurement, err error) {
+	select {
+	case <-m.done:
+		return
+	default:
+	}
+	m.err = err
+	for _, k := range m.keys {
+		if f := redisbuf.Field(m.counter, k); r.fields[f] == m {
+			delete(r.fields, f)
+		}
+	}
+	m.recording = false
+	r.active.Add(-1)
+	close(m.done)
+}
+
+// setSnapshot stores what the REPEATABLE READ transaction read; it must
+// happen before M1 is emitted.
+func (r *Recorder) setSnapshot(m *measurement, snap Snapshot, ws cdc.LSN, truth, column map[string]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.snap, m.ws, m.truth, m.column, m.ready = snap, ws, truth, column, true
+}
+
+var reconcileTag = []byte(`"reconcile"`)
+
+// HandleMessage is the aggregator's MessageHandler. At a measurement's M1
+// it computes the corrections and returns those to apply, as deltas of
+// M1's transaction.
+func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]redisbuf.Delta, error) {
+	if !bytes.Contains(content, reconcileTag) {
+		return nil, nil // a heartbeat
+	}
+	var mk marker
+	if err := json.Unmarshal(content, &mk); err != nil || mk.Slot != r.slot {
+		return nil, nil // not ours: another walcount on this database
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.byID[mk.Reconcile]
+	if m == nil || m.gen != r.gen {
+		// A marker of a measurement that no longer exists, resent after a
+		// restart: its corrections, if any, are not repeated.
+		return nil, nil
+	}
+	switch mk.Phase {
+	case 0:
+		m.m0Xid, m.m0Seen = xid, true
+		return nil, nil
+	case 1:
+		if !m.ready || !m.recording {
+			r.finishLocked(m, errors.New("marker M1 arrived before the measurement was ready"))
+			return nil, nil
+		}
+		if m.invalid != nil {
+			r.finishLocked(m, m.invalid)
+			return nil, nil
+		}
+		out := m.evaluate()
+		m.out = out
+		r.finishLocked(m, nil)
+		deltas := make([]redisbuf.Delta, 0, len(out.applied))
+		for _, d := range out.applied {
+			deltas = append(deltas, redisbuf.Delta{Field: redisbuf.Field(d.Counter, d.Key), N: d.Correction})
+		}
+		return deltas, nil
+	}
+	return nil, nil
+}
+
+// evaluate computes correction(k) = truth(k) − column(k) − pending(k).
+func (m *measurement) evaluate() outcome {
+	pending := map[string]int64{}
+	for _, rec := range m.records {
+		if rec.end <= m.ws || !m.snap.Visible(rec.xid) {
+			continue
+		}
+		for k, d := range rec.deltas {
+			pending[k] += d
+		}
+	}
+	out := outcome{drift: map[string]KeyDrift{}}
+	for _, k := range m.keys {
+		cached := m.column[k] + pending[k]
+		corr := m.truth[k] - cached
+		if corr == 0 {
+			continue
+		}
+		d := KeyDrift{Counter: m.counter, Key: k, Cached: cached, True: m.truth[k], Correction: corr}
+		out.drift[k] = d
+		if m.apply && m.prev != nil && m.prev[k] == corr {
+			out.applied = append(out.applied, d)
+		}
+	}
+	return out
+}
+
+// Observe is the aggregator's TxnObserver: it records the deltas of every
+// transaction after M0 for the keys being measured.
+func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas map[string]int64, truncated map[string]bool) {
+	if r.active.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.byID {
+		if m.gen != r.gen {
+			continue
+		}
+		if m.m0Seen && !m.recording && xid == m.m0Xid {
+			// M0's own transaction: recording starts after it.
+			m.m0End, m.recording = end, true
+			close(m.committed)
+			continue
+		}
+		if m.recording && truncated[m.counter] {
+			// A TRUNCATE resets the column outside the deltas, so this
+			// measurement cannot be exact; it is repeated.
+			m.invalid = errors.New("a TRUNCATE of the source happened during the measurement")
+		}
+	}
+	var recs map[*measurement]*txnRecord
+	for f, d := range deltas {
+		m := r.fields[f]
+		if m == nil || !m.recording {
+			continue
+		}
+		if recs == nil {
+			recs = map[*measurement]*txnRecord{}
+		}
+		rec := recs[m]
+		if rec == nil {
+			rec = &txnRecord{xid: xid, end: end, deltas: map[string]int64{}}
+			recs[m] = rec
+		}
+		_, key, _ := redisbuf.SplitField(f)
+		rec.deltas[key] += d
+	}
+	for m, rec := range recs {
+		m.records = append(m.records, *rec)
+	}
+}
