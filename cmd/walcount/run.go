@@ -4,16 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/preflight"
 )
+
+// httpCloseTimeout bounds the HTTP server's shutdown after the daemon stopped.
+const httpCloseTimeout = 5 * time.Second
 
 func newRunCmd(g *globalFlags) *cobra.Command {
 	var skipCheck bool
@@ -30,58 +35,85 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			defer log.Sync() //nolint:errcheck // stderr sync fails on terminals
-			ctx := cmd.Context()
-			if !skipCheck {
-				// Refuse to start rather than count wrongly (DESIGN §2
-				// rule 11).
-				findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, Logger: log})
-				if err != nil {
-					return fmt.Errorf("preflight: %w", err)
-				}
-				for _, f := range findings {
-					switch f.Severity {
-					case preflight.Warning:
-						log.Warn(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
-					case preflight.Problem:
-						log.Error(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
-					}
-				}
-				if preflight.HasProblems(findings) {
-					return errors.New("preflight found problems (listed above); run walcount check for details")
-				}
-			}
-			m := metrics.New()
-			d, err := daemon.New(daemon.Options{Config: cfg, Metrics: m, Logger: log})
-			if err != nil {
-				return err
-			}
-			defer d.Close()
-			var srv *httpapi.Server
-			if cfg.HTTPAddr != "" {
-				srv = httpapi.New(httpapi.Options{
-					Addr:    cfg.HTTPAddr,
-					Metrics: m,
-					Status:  func(ctx context.Context) any { return d.Status(ctx) },
-					Ready:   d.Ready,
-					Logger:  log,
-				})
-				if err := srv.Start(); err != nil {
-					return fmt.Errorf("start http server: %w", err)
-				}
-				log.Info("http server listening", zap.String("addr", srv.Addr()))
-				defer func() {
-					sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer cancel()
-					_ = srv.Close(sctx)
-				}()
-			}
-			if err := d.Run(ctx); err != nil {
-				return err
-			}
-			log.Info("walcount stopped cleanly")
-			return nil
+			return runDaemon(cmd.Context(), cfg, log, skipCheck)
 		},
 	}
 	cmd.Flags().BoolVar(&skipCheck, "skip-check", false, "start without the preflight checks of walcount check")
 	return cmd
+}
+
+// runDaemon is walcount run: the preflight checks unless skipCheck, then the
+// daemon and its HTTP server until ctx ends or the daemon stops on an error
+// that needs an operator (a lost slot, a counter that cannot be attributed).
+func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipCheck bool) error {
+	if !skipCheck {
+		if err := runPreflight(ctx, cfg, log); err != nil {
+			return err
+		}
+	}
+	m := metrics.New()
+	m.SetVersion(buildVersion())
+	d, err := daemon.New(daemon.Options{Config: cfg, Metrics: m, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if cfg.HTTPAddr != "" {
+		srv := httpapi.New(httpapi.Options{
+			Addr:      cfg.HTTPAddr,
+			Metrics:   m,
+			Status:    func(ctx context.Context) any { return d.Status(ctx) },
+			Ready:     d.Ready,
+			Reconcile: d.ReconcileHandler(),
+			Logger:    log,
+		})
+		// Start logs the address it bound.
+		if err := srv.Start(); err != nil {
+			return fmt.Errorf("start http server: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), httpCloseTimeout)
+			defer cancel()
+			_ = srv.Close(sctx)
+		}()
+	}
+	log.Info("walcount version", zap.String("version", buildVersion()))
+	if err := d.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("walcount stopped cleanly")
+	return nil
+}
+
+// runPreflight refuses to start rather than count wrongly (DESIGN §2 rule
+// 11): it logs every warning and problem, and returns an error that names
+// each problem with its fix.
+func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, Logger: log})
+	if err != nil {
+		return fmt.Errorf("preflight: %w", err)
+	}
+	var problems []string
+	for _, f := range findings {
+		switch f.Severity {
+		case preflight.Warning:
+			if f.Check == preflight.CheckSlotWALKeepSize {
+				// The daemon reports max_slot_wal_keep_size itself at
+				// start, with --skip-check too; once is enough.
+				continue
+			}
+			log.Warn(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
+		case preflight.Problem:
+			log.Error(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
+			p := f.Message
+			if f.Fix != "" {
+				p += " (fix: " + f.Fix + ")"
+			}
+			problems = append(problems, p)
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New("preflight found problems; run walcount check for details: " + strings.Join(problems, "; "))
+	}
+	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
 )
 
@@ -62,6 +63,7 @@ type Daemon struct {
 	buf  *redisbuf.Buffer
 	lag  *sink.LagTracker
 	mon  *monitor.Monitor
+	rec  *reconcile.Reconciler
 
 	mu    sync.Mutex
 	state state
@@ -77,6 +79,12 @@ type state struct {
 	failures     int
 	sessionStart time.Time
 	waiting      bool
+	// failureLoggedAt is when a failed session was last logged at error
+	// level (see logFailure).
+	failureLoggedAt time.Time
+	// progress is what the daemon last saw of W and the stream (see
+	// status.go), kept across sessions.
+	progress progress
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.
@@ -118,7 +126,7 @@ func New(opt Options) (*Daemon, error) {
 	for _, c := range cfg.Counters {
 		opt.Metrics.InitCounter(c.Name)
 	}
-	return &Daemon{
+	d := &Daemon{
 		opt:  opt,
 		cfg:  cfg,
 		log:  opt.Logger.With(zap.String(logSlot, cfg.Slot)),
@@ -129,13 +137,20 @@ func New(opt Options) (*Daemon, error) {
 		lag:  sink.NewLagTracker(0),
 		mon: monitor.NewMonitor(pool, cfg.Slot, cfg.SlotSettings.PollInterval, cfg.SlotSettings.MaxLagBytes,
 			opt.Metrics, opt.Logger.With(zap.String(logSlot, cfg.Slot))),
-	}, nil
+	}
+	d.rec = d.newReconciler()
+	return d, nil
 }
 
-// Log field keys.
+// Log field keys. Every line about the slot, a position, a counter or a
+// batch uses these, so that one query finds them all.
 const (
-	logSlot = "slot"
-	logLSN  = "lsn"
+	logSlot     = "slot"
+	logLSN      = "lsn"
+	logCounter  = "counter"
+	logBatch    = "batch"
+	logFailures = "failures"
+	logRetryIn  = "retry_in"
 )
 
 // redactErr drops connection strings that parse errors may echo.
@@ -182,13 +197,29 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	monDone := make(chan struct{})
-	defer func() { cancel(nil); <-monDone }()
+	obsDone := make(chan struct{})
+	recDone := make(chan struct{})
+	defer func() { cancel(nil); <-monDone; <-obsDone; <-recDone }()
+	// Reconciliation runs for the daemon's lifetime too; its measurements
+	// need a streaming session and are repeated when one ends.
+	go func() {
+		defer close(recDone)
+		if err := d.rec.Run(ctx); err != nil {
+			d.log.Error("reconciler stopped", zap.Error(err))
+		}
+	}()
 	go func() {
 		defer close(monDone)
 		if err := d.mon.Run(ctx); err != nil {
 			d.log.Error("stopping: the replication slot is lost", zap.Error(err))
 			cancel(err)
 		}
+	}()
+	// The observer refreshes the metrics no event updates, and warns once
+	// about an unlimited max_slot_wal_keep_size.
+	go func() {
+		defer close(obsDone)
+		d.observe(ctx)
 	}()
 	backoff := d.opt.RetryMin
 	for {
@@ -200,7 +231,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
-				d.log.Warn("stopped with an error during shutdown", zap.Error(err))
+				d.log.Warn("stopped with an error during shutdown", zap.Error(redactedError{err}))
 			}
 			return nil
 		}
@@ -209,6 +240,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		d.setErr(err)
 		if fatal(err) {
+			d.log.Error("stopping: this error needs an operator", zap.Error(redactedError{err}))
 			return err
 		}
 		wait := backoff
@@ -237,17 +269,28 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 }
 
+// FailureLogInterval is how often a streak of failed sessions is logged
+// at error level after its first failure; the failures in between are
+// logged at debug. The streak ends with one "recovered" line.
+const FailureLogInterval = 30 * time.Second
+
 // logFailure logs the first failure of a streak as an error and later
-// ones at most every 30 seconds, so a long outage does not flood the log.
+// ones at most every FailureLogInterval, so a long outage does not flood
+// the log.
 func (d *Daemon) logFailure(err error, wait time.Duration) {
+	now := time.Now()
 	d.mu.Lock()
 	d.state.failures++
 	n := d.state.failures
+	loud := n == 1 || now.Sub(d.state.failureLoggedAt) >= FailureLogInterval
+	if loud {
+		d.state.failureLoggedAt = now
+	}
 	d.mu.Unlock()
-	if n == 1 || n%8 == 0 {
-		d.log.Error("session failed; retrying", zap.Error(err), zap.Duration("retry_in", wait), zap.Int("failures", n))
+	if loud {
+		d.log.Error("session failed; retrying", zap.Error(redactedError{err}), zap.Duration(logRetryIn, wait), zap.Int(logFailures, n))
 	} else {
-		d.log.Debug("session failed again", zap.Error(err), zap.Duration("retry_in", wait), zap.Int("failures", n))
+		d.log.Debug("session failed again", zap.Error(redactedError{err}), zap.Duration(logRetryIn, wait), zap.Int(logFailures, n))
 	}
 }
 

@@ -6,51 +6,242 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/monitor"
 )
 
-// Status is the daemon's view, served as JSON at /status.
+const (
+	// MetricsInterval is how often the daemon refreshes the metrics that no
+	// event updates: walcount_checkpoint_age_seconds, walcount_buffer_keys
+	// and walcount_queue_depth. /status refreshes them too.
+	MetricsInterval = time.Second
+	// sampleTimeout bounds each read of Redis or PostgreSQL made to refresh
+	// those metrics, so that a hung server delays neither the ticker nor
+	// /status by more than that.
+	sampleTimeout = 2 * time.Second
+)
+
+// Status is the daemon's view, served as JSON at /status. It never holds
+// a password: errors are redacted before they are stored.
 type Status struct {
-	Slot           string              `json:"slot"`
-	Publication    string              `json:"publication"`
-	Streaming      bool                `json:"streaming"`
-	WaitingForSlot bool                `json:"waiting_for_slot"`
-	Checkpoint     string              `json:"checkpoint_lsn,omitempty"`
-	Received       string              `json:"received_lsn,omitempty"`
-	LastFlush      *time.Time          `json:"last_flush,omitempty"`
-	BufferKeys     *int64              `json:"buffer_keys,omitempty"`
-	SessionStart   *time.Time          `json:"session_start,omitempty"`
-	LastError      string              `json:"last_error,omitempty"`
-	LastErrorAt    *time.Time          `json:"last_error_at,omitempty"`
-	Failures       int                 `json:"consecutive_failures"`
-	Counters       []string            `json:"counters"`
-	SlotStatus     *monitor.SlotStatus `json:"slot_status,omitempty"`
-	Reconcile      any                 `json:"reconcile,omitempty"`
+	Slot           string `json:"slot"`
+	Publication    string `json:"publication"`
+	Streaming      bool   `json:"streaming"`
+	WaitingForSlot bool   `json:"waiting_for_slot"`
+	// Checkpoint is W, the LSN in walcount.checkpoint; CheckpointAge is
+	// the time since it last moved, in seconds. Both are the last known
+	// values while PostgreSQL is unreachable.
+	Checkpoint    string   `json:"checkpoint_lsn,omitempty"`
+	CheckpointAge *float64 `json:"checkpoint_age_seconds,omitempty"`
+	// Received is the end LSN of the last transaction received from the
+	// stream, kept after the session ends.
+	Received string `json:"received_lsn,omitempty"`
+	// LastFlush is when W last moved: the commit of the last flush.
+	LastFlush *time.Time `json:"last_flush,omitempty"`
+	// BufferKeys is the number of keys in the Redis buffer (buffer and
+	// flushing); absent when Redis does not answer.
+	BufferKeys *int64 `json:"buffer_keys,omitempty"`
+	// QueueDepth is the number of transactions waiting between the stream
+	// and the aggregator.
+	QueueDepth   int        `json:"queue_depth"`
+	SessionStart *time.Time `json:"session_start,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+	LastErrorAt  *time.Time `json:"last_error_at,omitempty"`
+	Failures     int        `json:"consecutive_failures"`
+	// Counters lists the configured counters with what this process has
+	// done for each since it started.
+	Counters   []CounterStatus     `json:"counters"`
+	SlotStatus *monitor.SlotStatus `json:"slot_status,omitempty"`
+	Reconcile  any                 `json:"reconcile,omitempty"`
 }
 
-// Status returns the daemon's current view.
-func (d *Daemon) Status(ctx context.Context) Status {
+// CounterStatus is one counter in /status. The numbers count from the start
+// of this process, like the metrics they are read from.
+type CounterStatus struct {
+	Name string `json:"name"`
+	// Source is the counted table; Target is table.column of the cache.
+	Source string `json:"source"`
+	Target string `json:"target"`
+	// Changes counts matching row changes received, by operation
+	// (walcount_changes_total).
+	Changes map[string]int64 `json:"changes"`
+	// DeltasFlushed and DeltasDropped count deltas applied and dropped for
+	// want of a target row (walcount_deltas_flushed_total,
+	// walcount_deltas_dropped_total).
+	DeltasFlushed int64 `json:"deltas_flushed"`
+	DeltasDropped int64 `json:"deltas_dropped"`
+	// Corrections counts reconciliation corrections
+	// (walcount_reconcile_corrections_total).
+	Corrections int64 `json:"reconcile_corrections"`
+}
+
+// progress is what the daemon last saw of W and of the stream. It outlives
+// sessions, so that /status and the metrics keep the last known values while
+// PostgreSQL or Redis is down. Only the observe goroutine stores it (in
+// state.progress, under Daemon.mu); Status computes a fresh copy without
+// storing it, so a slow /status can never move it backwards.
+type progress struct {
+	w        cdc.LSN   // W
+	movedAt  time.Time // when W last moved; zero until known
+	received cdc.LSN   // end LSN of the last transaction received
+}
+
+// snapshot is one refreshed reading of the figures no event updates.
+type snapshot struct {
+	st         state
+	p          progress
+	bufferKeys *int64
+	queueDepth int
+}
+
+// observe refreshes the sampled metrics every MetricsInterval until ctx is
+// done. It also reads max_slot_wal_keep_size once PostgreSQL answers and warns
+// when it is unlimited.
+func (d *Daemon) observe(ctx context.Context) {
+	t := time.NewTicker(MetricsInterval)
+	defer t.Stop()
+	keepChecked := false
+	for {
+		if !keepChecked {
+			keepChecked = d.checkWALKeepSize(ctx)
+		}
+		s := d.sample(ctx)
+		d.mu.Lock()
+		d.state.progress = s.p
+		d.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// checkWALKeepSize logs what max_slot_wal_keep_size means for the slot: a
+// warning with the advice when it is -1, an info line with the limit
+// otherwise. It reports false when the setting could not be read, so that
+// the caller tries again; the session reports an unreachable server itself.
+func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
+	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	keep, err := monitor.ReadMaxSlotWALKeepSize(rctx, d.pool)
+	if err != nil {
+		return false
+	}
+	if keep < 0 {
+		d.log.Warn("max_slot_wal_keep_size is -1 (unlimited): the slot can never be lost, but while walcount is " +
+			"stopped or falls behind PostgreSQL keeps every WAL segment since the slot's position and can fill its disk. " +
+			"Alert on walcount_slot_retained_wal_bytes, and consider a limit sized to the longest outage to survive " +
+			"(ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();); a slot past the limit is lost " +
+			"and needs walcount setup --recreate-slot and walcount reconcile")
+		return true
+	}
+	d.log.Info("max_slot_wal_keep_size limits the WAL the slot may keep; past it the slot is lost",
+		zap.Int64("max_slot_wal_keep_size_bytes", keep))
+	return true
+}
+
+// sample brings the daemon's progress up to date and exports
+// walcount_checkpoint_age_seconds, walcount_buffer_keys and walcount_queue_depth. It does not store the
+// progress; observe does.
+func (d *Daemon) sample(ctx context.Context) snapshot {
 	d.mu.Lock()
 	st := d.state
 	d.mu.Unlock()
+	s := snapshot{st: st, p: st.progress}
+
+	// W moves with each flush. A session that has not flushed yet holds the
+	// W it read at start; PostgreSQL then says when that W was written.
+	if f := st.flusher; f != nil {
+		if at := f.LastFlush(); !at.IsZero() {
+			if at.After(s.p.movedAt) {
+				s.p.w, s.p.movedAt = f.W(), at
+			}
+		} else if f.W() != s.p.w || s.p.movedAt.IsZero() {
+			s.p = d.readCheckpoint(ctx, s.p)
+		}
+	} else if s.p.movedAt.IsZero() {
+		s.p = d.readCheckpoint(ctx, s.p)
+	}
+	if !s.p.movedAt.IsZero() {
+		d.m.CheckpointAgeSeconds.Set(max(time.Since(s.p.movedAt), 0).Seconds())
+	}
+
+	if st.stream != nil {
+		if r := st.stream.ReceivedLSN(); r != 0 {
+			s.p.received = r
+		}
+		s.queueDepth = st.stream.QueueDepth()
+	}
+	d.m.QueueDepth.Set(float64(s.queueDepth))
+
+	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	if n, err := d.buf.Len(rctx); err == nil {
+		s.bufferKeys = &n
+		d.m.BufferKeys.Set(float64(n))
+	}
+	return s
+}
+
+// readCheckpoint returns p with W and the time it last moved as PostgreSQL
+// holds them, or p unchanged when PostgreSQL does not answer. The age is
+// measured by the server's clock and turned into a local time, so that clock
+// skew between the hosts does not distort it.
+func (d *Daemon) readCheckpoint(ctx context.Context, p progress) progress {
+	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	var (
+		w   cdc.LSN
+		age float64
+	)
+	err := d.pool.QueryRow(rctx, `SELECT lsn::text, extract(epoch FROM clock_timestamp() - updated_at)::float8
+FROM walcount.checkpoint WHERE slot_name = $1`, d.cfg.Slot).Scan(&w, &age)
+	if err != nil {
+		return p
+	}
+	p.w = w
+	p.movedAt = time.Now().Add(-time.Duration(max(age, 0) * float64(time.Second)))
+	// Before a session's first flush nothing else exports W. Once the
+	// flusher commits, it sets the gauge itself, and this path is not
+	// taken again while W stays what the flusher holds.
+	d.m.CheckpointLSN.Set(float64(w))
+	return p
+}
+
+// Status returns the daemon's current view. It also refreshes the sampled
+// metrics, so a scrape right after a /status request sees the same figures.
+func (d *Daemon) Status(ctx context.Context) Status {
+	smp := d.sample(ctx)
+	st, p := smp.st, smp.p
 	s := Status{
 		Slot:           d.cfg.Slot,
 		Publication:    d.cfg.Publication,
 		Streaming:      st.streaming,
 		WaitingForSlot: st.waiting,
 		Failures:       st.failures,
+		BufferKeys:     smp.bufferKeys,
+		QueueDepth:     smp.queueDepth,
 	}
+	s.Reconcile = d.rec.Status()
 	for _, c := range d.cfg.Counters {
-		s.Counters = append(s.Counters, c.Name)
+		s.Counters = append(s.Counters, d.counterStatus(c.Name, c.Source, c.Target+"."+c.Column))
 	}
-	if st.flusher != nil {
-		s.Checkpoint = st.flusher.W().String()
-		if t := st.flusher.LastFlush(); !t.IsZero() {
-			s.LastFlush = &t
-		}
+	if p.w != 0 {
+		s.Checkpoint = p.w.String()
 	}
-	if st.stream != nil {
-		s.Received = st.stream.ReceivedLSN().String()
+	if !p.movedAt.IsZero() {
+		at := p.movedAt
+		age := max(time.Since(at), 0).Seconds()
+		s.LastFlush, s.CheckpointAge = &at, &age
+	}
+	if p.received != 0 {
+		s.Received = p.received.String()
 	}
 	if !st.sessionStart.IsZero() {
 		s.SessionStart = &st.sessionStart
@@ -58,10 +249,6 @@ func (d *Daemon) Status(ctx context.Context) Status {
 	if st.lastErr != nil {
 		s.LastError = st.lastErr.Error()
 		s.LastErrorAt = &st.lastErrAt
-	}
-	if n, err := d.buf.Len(ctx); err == nil {
-		s.BufferKeys = &n
-		d.m.BufferKeys.Set(float64(n))
 	}
 	if d.mon != nil {
 		if ss, ok := d.mon.Latest(); ok {
@@ -71,8 +258,30 @@ func (d *Daemon) Status(ctx context.Context) Status {
 	return s
 }
 
+// counterStatus reads one counter's figures from the metrics.
+func (d *Daemon) counterStatus(name, source, target string) CounterStatus {
+	c := CounterStatus{Name: name, Source: source, Target: target, Changes: make(map[string]int64, len(metrics.Ops))}
+	for _, op := range metrics.Ops {
+		c.Changes[op] = counterValue(d.m.Changes.WithLabelValues(name, op))
+	}
+	c.DeltasFlushed = counterValue(d.m.DeltasFlushed.WithLabelValues(name))
+	c.DeltasDropped = counterValue(d.m.DeltasDropped.WithLabelValues(name))
+	c.Corrections = counterValue(d.m.ReconcileCorrections.WithLabelValues(name))
+	return c
+}
+
+// counterValue reads a Prometheus counter; counters hold whole numbers here.
+func counterValue(c prometheus.Counter) int64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	return int64(m.GetCounter().GetValue())
+}
+
 // Ready returns nil when the daemon streams, PostgreSQL and Redis answer
-// and the slot's lag is within slot.max_lag_bytes.
+// and the slot's lag is within slot_monitor.max_lag_bytes; otherwise it
+// returns every reason, joined.
 func (d *Daemon) Ready(ctx context.Context) error {
 	d.mu.Lock()
 	streaming, waiting, lastErr := d.state.streaming, d.state.waiting, d.state.lastErr
@@ -92,7 +301,7 @@ func (d *Daemon) Ready(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("postgres: %w", redactedError{err}))
 	}
 	if err := d.rdb.Ping(ctx).Err(); err != nil {
-		errs = append(errs, fmt.Errorf("redis: %w", err))
+		errs = append(errs, fmt.Errorf("redis: %w", redactedError{err}))
 	}
 	if d.mon != nil {
 		if err := d.mon.LagOK(); err != nil {
