@@ -54,7 +54,9 @@ per flush interval: exactly once, with no application code.`,
 		newTeardownCmd(g),
 		newCheckCmd(g),
 		newStatusCmd(g),
+		newReconcileCmd(g),
 		newVersionCmd(),
+		newDemoCmd(g),
 	)
 	for _, c := range root.Commands() {
 		c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
