@@ -41,6 +41,14 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, schema, nil)
+}
+
+// newEnvWith is newEnv with the app's tables created by ddl instead of
+// schema, and configure, when not nil, called to change e.cfg (the
+// counters, say) before walcount is set up.
+func newEnvWith(t testing.TB, ddl string, configure func(e *env)) *env {
+	t.Helper()
 	e := &env{t: t, pg: testenv.Postgres(t), redis: testenv.Redis(t)}
 	ctx := context.Background()
 	var err error
@@ -49,7 +57,7 @@ func newEnv(t testing.TB) *env {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(e.db.Close)
-	if _, err := e.db.Exec(ctx, schema); err != nil {
+	if _, err := e.db.Exec(ctx, ddl); err != nil {
 		t.Fatalf("create schema: %v", err)
 	}
 	e.cfg = config.Default()
@@ -58,6 +66,9 @@ func newEnv(t testing.TB) *env {
 	e.cfg.FlushInterval = 100 * time.Millisecond
 	e.cfg.HeartbeatInterval = 200 * time.Millisecond
 	e.cfg.SlotSettings.PollInterval = 200 * time.Millisecond
+	if configure != nil {
+		configure(e)
+	}
 	e.setup()
 	return e
 }
