@@ -24,8 +24,10 @@ lint:
 	if [ -n "$$files" ]; then echo "gofmt -l found unformatted files:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
 
+# demo runs walcount against throwaway servers under load and verifies every
+# count; pass flags with DEMO_FLAGS, e.g. make demo DEMO_FLAGS="--duration 1m".
 demo: deps build
-	./$(BIN) demo
+	./$(BIN) demo $(DEMO_FLAGS)
 
 # bench runs the benchmark harness; QUICK=1 makes it a short run (-quick).
 bench: deps build

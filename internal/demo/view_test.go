@@ -1,0 +1,99 @@
+package demo
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestQuantile(t *testing.T) {
+	inf := math.Inf(1)
+	tests := []struct {
+		name    string
+		q       float64
+		buckets []Bucket
+		want    float64
+	}{
+		{"empty", 0.5, nil, math.NaN()},
+		{"no samples", 0.5, []Bucket{{1, 0}, {inf, 0}}, math.NaN()},
+		{"middle of first bucket", 0.5, []Bucket{{1, 10}, {2, 10}, {inf, 10}}, 0.5},
+		{"interpolated", 0.75, []Bucket{{1, 10}, {2, 20}, {inf, 20}}, 1.5},
+		{"empty bucket skipped", 0.99, []Bucket{{0.5, 50}, {1, 50}, {2, 100}, {inf, 100}}, 1.98},
+		{"in +Inf", 0.99, []Bucket{{1, 10}, {inf, 20}}, 1},
+		{"all in +Inf", 0.5, []Bucket{{inf, 5}}, math.NaN()},
+	}
+	for _, tt := range tests {
+		got := Quantile(tt.q, tt.buckets)
+		if math.IsNaN(tt.want) != math.IsNaN(got) || (!math.IsNaN(got) && math.Abs(got-tt.want) > 1e-9) {
+			t.Errorf("%s: Quantile(%v) = %v, want %v", tt.name, tt.q, got, tt.want)
+		}
+	}
+}
+
+func TestSubBuckets(t *testing.T) {
+	inf := math.Inf(1)
+	got := SubBuckets([]Bucket{{1, 5}, {inf, 9}}, []Bucket{{1, 2}, {inf, 3}})
+	want := []Bucket{{1, 3}, {inf, 6}}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("SubBuckets = %v, want %v", got, want)
+	}
+}
+
+func TestNum(t *testing.T) {
+	for in, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4200: "-4,200", 12.6: "13"} {
+		if got := num(in); got != want {
+			t.Errorf("num(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func testFrame() Frame {
+	return Frame{
+		Elapsed: 3 * time.Second, Duration: 20 * time.Second, Clients: 8, Posts: 1000,
+		LikesPerSec: 5000, UnlikesPerSec: 1200, AppTxnsPerSec: 6000, Rows: 15000,
+		TxnsPerSec: 6000, Flushes: 3, LagP50: 0.5, LagP99: math.NaN(), SlotLagBytes: 2 << 20,
+		Top:   []PostCount{{ID: 501, LikesCount: 900, Count: 910}, {ID: 1, LikesCount: 800, Count: 800}},
+		Viral: 501,
+	}
+}
+
+func TestPlainView(t *testing.T) {
+	var out bytes.Buffer
+	v := &view{w: &out}
+	v.draw(testFrame())
+	v.draw(testFrame())
+	v.done()
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("got %d lines, want 2:\n%s", len(lines), out.String())
+	}
+	for _, want := range []string{"t=3s", "likes/s=5000", "flushes=3", "lag_p50=500ms", "lag_p99=-", "slot_lag=2.0 MiB", "top=#501:900/910,#1:800/800"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("line %q lacks %q", lines[0], want)
+		}
+	}
+}
+
+func TestTerminalViewRedrawsInPlace(t *testing.T) {
+	var out bytes.Buffer
+	v := &view{w: &out, terminal: true}
+	v.draw(testFrame())
+	first := out.Len()
+	n := strings.Count(out.String(), "\n")
+	v.draw(testFrame())
+	second := out.String()[first:]
+	if want := "\x1b[" + itoa(n) + "F" + ansiClearDown; !strings.HasPrefix(second, want) {
+		t.Errorf("second frame starts with %q, want %q", second[:min(len(second), 12)], want)
+	}
+	if !strings.Contains(second, "#501 (viral)") || !strings.Contains(second, "+10") || !strings.Contains(second, "exact") {
+		t.Errorf("frame lacks the top posts:\n%s", second)
+	}
+	v.done()
+	if !strings.HasSuffix(out.String(), ansiShowCursor) {
+		t.Errorf("done does not show the cursor again")
+	}
+}
+
+func itoa(n int) string { return strings.TrimSpace(num(float64(n))) }
