@@ -61,9 +61,10 @@ type contribution struct {
 }
 
 // bindRules binds the counters whose source is rel to rel's columns. It
-// fails when a needed column is missing, or when the replica identity does
-// not carry it and old rows could therefore not be attributed (DESIGN §2
-// rule 11).
+// fails with ErrNotAttributable when a needed column is missing (dropped or
+// renamed while walcount streams), or when the replica identity does not
+// carry it and old rows could therefore not be attributed (DESIGN §2 rule
+// 11); with ErrUnsupportedSum when the summed column has no exact scale.
 func bindRules(rel *cdc.Relation, counters []config.Counter) ([]rule, error) {
 	var out []rule
 	for _, c := range counters {
@@ -72,12 +73,12 @@ func bindRules(rel *cdc.Relation, counters []config.Counter) ([]rule, error) {
 		}
 		r := rule{counter: c.Name, key: rel.ColumnIndex(c.Key), sum: -1}
 		if r.key < 0 {
-			return nil, fmt.Errorf("counter %s: column %q not in %s", c.Name, c.Key, rel.QualifiedName())
+			return nil, fmt.Errorf("counter %s: %w: key column %q is not in %s", c.Name, ErrNotAttributable, c.Key, rel.QualifiedName())
 		}
 		r.cols = append(r.cols, r.key)
 		if c.Sum != "" {
 			if r.sum = rel.ColumnIndex(c.Sum); r.sum < 0 {
-				return nil, fmt.Errorf("counter %s: sum column %q not in %s", c.Name, c.Sum, rel.QualifiedName())
+				return nil, fmt.Errorf("counter %s: %w: sum column %q is not in %s", c.Name, ErrNotAttributable, c.Sum, rel.QualifiedName())
 			}
 			r.cols = append(r.cols, r.sum)
 			scale, err := SumScale(rel.Columns[r.sum].TypeOID, rel.Columns[r.sum].TypMod)
@@ -90,7 +91,7 @@ func bindRules(rel *cdc.Relation, counters []config.Counter) ([]rule, error) {
 		for col, v := range c.Where {
 			i := rel.ColumnIndex(col)
 			if i < 0 {
-				return nil, fmt.Errorf("counter %s: where column %q not in %s", c.Name, col, rel.QualifiedName())
+				return nil, fmt.Errorf("counter %s: %w: where column %q is not in %s", c.Name, ErrNotAttributable, col, rel.QualifiedName())
 			}
 			r.where = append(r.where, filter{col: i, value: canonicalValue(rel.Columns[i].TypeOID, v)})
 			r.cols = append(r.cols, i)

@@ -105,8 +105,17 @@ func TestRuleErrors(t *testing.T) {
 	missing := config.Counter{Name: "x", Source: "likes", Key: "nope"}
 	a = New(Options{Counters: []config.Counter{missing}})
 	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesRel, New: row(txt("7"), null, null)}
-	if err := a.change(&ev); err == nil {
-		t.Fatal("missing key column: no error")
+	if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) {
+		t.Fatalf("missing key column: err = %v, want ErrNotAttributable", err)
+	}
+	for _, c := range []config.Counter{
+		{Name: "s", Source: "likes", Key: "post_id", Sum: "gone"},
+		{Name: "w", Source: "likes", Key: "post_id", Where: map[string]*string{"gone": nil}},
+	} {
+		a = New(Options{Counters: []config.Counter{c}})
+		if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) || !strings.Contains(err.Error(), `"gone"`) {
+			t.Fatalf("counter %s with a missing column: err = %v, want ErrNotAttributable naming it", c.Name, err)
+		}
 	}
 }
 
