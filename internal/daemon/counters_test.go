@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/internal/config"
 )
 
@@ -634,5 +636,42 @@ GROUP BY p.id HAVING p.likes_count <> count(l.id) OR p.likes_weight <> coalesce(
 	e.assertHealthy(d)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDroppedCountedColumnStops drops the summed column while walcount
+// streams: the next change of the table cannot be attributed, and the
+// daemon stops with an error naming the counter rather than count it
+// wrongly; nothing of that transaction reaches the counters.
+func TestDroppedCountedColumnStops(t *testing.T) {
+	ddl := `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, likes_weight numeric(14,2) NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, weight numeric(12,2));
+ALTER TABLE likes REPLICA IDENTITY FULL;
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 3) g;`
+	e := newEnvWith(t, ddl, func(e *env) {
+		e.cfg = e.loadConfig(testSettings + `
+counters:
+  - {name: post_likes, source: likes, key: post_id, target: posts, target_key: id, column: likes_count}
+  - {name: post_weight, source: likes, key: post_id, target: posts, target_key: id, column: likes_weight, sum: weight}
+`)
+	})
+	d := e.start()
+	e.exec("INSERT INTO likes (post_id, weight) VALUES (1, 1.25), (2, 2.50)")
+	e.waitCaughtUp(catchUp)
+	e.exec("ALTER TABLE likes DROP COLUMN weight")
+	e.exec("INSERT INTO likes (post_id) VALUES (1)")
+	err := d.wait(t, catchUp)
+	if !errors.Is(err, aggregator.ErrNotAttributable) || !strings.Contains(err.Error(), "counter post_weight") ||
+		!strings.Contains(err.Error(), `sum column "weight"`) {
+		t.Fatalf("daemon returned %v; want ErrNotAttributable naming counter post_weight and column weight", err)
+	}
+	var count int64
+	var weight string
+	if err := e.db.QueryRow(context.Background(), "SELECT likes_count, likes_weight::text FROM posts WHERE id = 1").Scan(&count, &weight); err != nil {
+		t.Fatal(err)
+	}
+	if count != 1 || weight != "1.25" {
+		t.Fatalf("post 1 = %d likes, weight %s; want 1 and 1.25, from before the column was dropped", count, weight)
 	}
 }
