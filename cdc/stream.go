@@ -188,13 +188,43 @@ func (s *Stream) QueueDepth() int { return len(s.out) }
 // server, then closes the connection. Call it after Run has returned.
 func (s *Stream) Close() {
 	if !s.conn.IsClosed() {
-		if err := s.sendStatus(false); err != nil {
-			s.log.Debug("final status update failed", zap.Error(err))
+		if err := s.confirmFinal(); err != nil {
+			s.log.Warn("final status update not confirmed; the slot may confirm an older W (harmless: it is replayed and skipped)", zap.Error(err))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.conn.Close(ctx)
+}
+
+// confirmFinal sends the last status update, then ends the COPY BOTH
+// mode with CopyDone and reads until the server is back at
+// ReadyForQuery. The server handles messages in order, so by then it has
+// recorded W. Simply closing the socket while the server still streams
+// could lose the update: closing with unread data makes the kernel send
+// a reset, and the server discards what it had not read yet.
+func (s *Stream) confirmFinal() error {
+	if err := s.sendStatus(false); err != nil {
+		return err
+	}
+	s.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := s.conn.Frontend().Flush(); err != nil {
+		return fmt.Errorf("send CopyDone: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		msg, err := s.conn.ReceiveMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("end the replication stream: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ReadyForQuery:
+			return nil
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(msg)
+		}
+	}
 }
 
 func (s *Stream) newBatch() *Batch {

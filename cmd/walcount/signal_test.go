@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcount/walcount/internal/testenv"
+)
+
+// TestRunStopsCleanlyOnSIGTERM runs the real binary: after SIGTERM it
+// flushes, confirms W to the slot and exits 0.
+func TestRunStopsCleanlyOnSIGTERM(t *testing.T) {
+	dir, err := os.MkdirTemp("", "walcount-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "walcount")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	dbURL, redisURL := testenv.Database(t), testenv.RedisURL(t)
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
+ALTER TABLE likes REPLICA IDENTITY FULL;
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "WALCOUNT_DATABASE_URL="+dbURL, "WALCOUNT_REDIS_URL="+redisURL)
+	setupCmd := exec.Command(bin, "setup")
+	setupCmd.Env = env
+	if out, err := setupCmd.CombinedOutput(); err != nil {
+		t.Fatalf("setup: %v\n%s", err, out)
+	}
+	var logs bytes.Buffer
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	run := exec.Command(bin, "run", "--http-addr", addr, "--flush-interval", "200ms")
+	run.Env = env
+	run.Stderr = &logs
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+
+	if _, err := conn.Exec(ctx, `INSERT INTO likes (post_id) SELECT 1 + g % 10 FROM generate_series(1, 500) g`); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for deadline := time.Now().Add(time.Minute); total != 500; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("counts never reached 500 (at %d); logs:\n%s", total, logs.String())
+		}
+		if err := conn.QueryRow(ctx, `SELECT sum(likes_count) FROM posts`).Scan(&total); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Likes right before the signal are flushed by the shutdown.
+	if _, err := conn.Exec(ctx, `INSERT INTO likes (post_id) VALUES (1), (2), (3)`); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the daemon received them, so the test is about the
+	// shutdown flush, not about delivery.
+	var end string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := pglogrepl.ParseLSN(end)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		raw, err := fetchDaemonStatus(ctx, addr)
+		var st struct {
+			Received string `json:"received_lsn"`
+		}
+		if err == nil && json.Unmarshal(raw, &st) == nil {
+			if got, err := pglogrepl.ParseLSN(st.Received); err == nil && got >= want {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon never received the last likes; logs:\n%s", logs.String())
+		}
+	}
+	if err := run.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("walcount run exited with %v after SIGTERM; logs:\n%s", err, logs.String())
+		}
+	case <-time.After(time.Minute):
+		_ = run.Process.Kill()
+		t.Fatalf("walcount run did not exit after SIGTERM; logs:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "stopped cleanly") {
+		t.Errorf("no clean-stop line in the logs:\n%s", logs.String())
+	}
+	var confirmed, w string
+	if err := conn.QueryRow(ctx, `SELECT s.confirmed_flush_lsn::text, c.lsn::text FROM pg_replication_slots s, walcount.checkpoint c
+WHERE s.slot_name = 'walcount' AND c.slot_name = 'walcount'`).Scan(&confirmed, &w); err != nil {
+		t.Fatal(err)
+	}
+	if confirmed != w {
+		t.Errorf("slot confirmed %s, checkpoint %s: the final ack must be W", confirmed, w)
+	}
+	if err := conn.QueryRow(ctx, `SELECT sum(likes_count) FROM posts`).Scan(&total); err != nil {
+		t.Fatal(err)
+	}
+	if total != 503 {
+		t.Errorf("sum of likes_count after shutdown = %d, want 503: the shutdown flush lost likes", total)
+	}
+}
