@@ -120,7 +120,7 @@ func New(opt Options) (*Daemon, error) {
 	ropt, err := redis.ParseURL(cfg.RedisURL)
 	if err != nil {
 		pool.Close()
-		return nil, &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.RedisURL), err)}}}
+		return nil, &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.RedisURL), redactErr(err))}}}
 	}
 	rdb := redis.NewClient(ropt)
 	for _, c := range cfg.Counters {
@@ -142,13 +142,11 @@ func New(opt Options) (*Daemon, error) {
 	return d, nil
 }
 
-// Log field keys. Every line about the slot, a position, a counter or a
-// batch uses these, so that one query finds them all.
+// Log field keys. Every line of the daemon carries logSlot; a position
+// is logged under logLSN.
 const (
 	logSlot     = "slot"
 	logLSN      = "lsn"
-	logCounter  = "counter"
-	logBatch    = "batch"
 	logFailures = "failures"
 	logRetryIn  = "retry_in"
 )
@@ -210,8 +208,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}()
 	go func() {
 		defer close(monDone)
+		// Run's loop logs the stop, once, whichever of the monitor and
+		// the session saw the lost slot first.
 		if err := d.mon.Run(ctx); err != nil {
-			d.log.Error("stopping: the replication slot is lost", zap.Error(err))
 			cancel(err)
 		}
 	}()
@@ -227,6 +226,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		err := d.session(ctx)
 		if cause := context.Cause(ctx); isSlotLost(cause) {
 			d.setErr(cause)
+			d.logStop(cause)
 			return cause
 		}
 		if ctx.Err() != nil {
@@ -240,7 +240,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		d.setErr(err)
 		if fatal(err) {
-			d.log.Error("stopping: this error needs an operator", zap.Error(redactedError{err}))
+			d.logStop(err)
 			return err
 		}
 		wait := backoff
@@ -267,6 +267,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// logStop logs the error that stops the daemon for good.
+func (d *Daemon) logStop(err error) {
+	msg := "stopping: this error needs an operator"
+	if isSlotLost(err) {
+		msg = "stopping: the replication slot is lost"
+	}
+	d.log.Error(msg, zap.Error(redactedError{err}))
 }
 
 // FailureLogInterval is how often a streak of failed sessions is logged

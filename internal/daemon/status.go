@@ -82,8 +82,8 @@ type CounterStatus struct {
 
 // progress is what the daemon last saw of W and of the stream. It outlives
 // sessions, so that /status and the metrics keep the last known values while
-// PostgreSQL or Redis is down. Only the observe goroutine stores it (in
-// state.progress, under Daemon.mu); Status computes a fresh copy without
+// PostgreSQL is down or no session runs. Only the observe goroutine stores it
+// (in state.progress, under Daemon.mu); Status computes a fresh copy without
 // storing it, so a slow /status can never move it backwards.
 type progress struct {
 	w        cdc.LSN   // W
@@ -147,27 +147,19 @@ func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
 }
 
 // sample brings the daemon's progress up to date and exports
-// walcount_checkpoint_age_seconds, walcount_buffer_keys and walcount_queue_depth. It does not store the
-// progress; observe does.
+// walcount_checkpoint_age_seconds, walcount_buffer_keys and
+// walcount_queue_depth. It does not store the progress; observe does.
+//
+// It never waits for the flusher: a flush that hangs (a lock wait on a hot
+// row, a slow server) holds the flusher's lock, and that is exactly when
+// /status and the checkpoint age must keep answering. W and the time it
+// moved are read from PostgreSQL instead, which also sees W move when
+// another walcount holds the slot.
 func (d *Daemon) sample(ctx context.Context) snapshot {
 	d.mu.Lock()
 	st := d.state
 	d.mu.Unlock()
-	s := snapshot{st: st, p: st.progress}
-
-	// W moves with each flush. A session that has not flushed yet holds the
-	// W it read at start; PostgreSQL then says when that W was written.
-	if f := st.flusher; f != nil {
-		if at := f.LastFlush(); !at.IsZero() {
-			if at.After(s.p.movedAt) {
-				s.p.w, s.p.movedAt = f.W(), at
-			}
-		} else if f.W() != s.p.w || s.p.movedAt.IsZero() {
-			s.p = d.readCheckpoint(ctx, s.p)
-		}
-	} else if s.p.movedAt.IsZero() {
-		s.p = d.readCheckpoint(ctx, s.p)
-	}
+	s := snapshot{st: st, p: d.readCheckpoint(ctx, st.progress)}
 	if !s.p.movedAt.IsZero() {
 		d.m.CheckpointAgeSeconds.Set(max(time.Since(s.p.movedAt), 0).Seconds())
 	}
@@ -190,9 +182,11 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 }
 
 // readCheckpoint returns p with W and the time it last moved as PostgreSQL
-// holds them, or p unchanged when PostgreSQL does not answer. The age is
-// measured by the server's clock and turned into a local time, so that clock
-// skew between the hosts does not distort it.
+// holds them, or p unchanged when PostgreSQL does not answer, so that the
+// age keeps growing from the last known move. The age is measured by the
+// server's clock and turned into a local time, so that clock skew between
+// the hosts does not distort it. A plain read is not blocked by a flush in
+// progress, which holds the row's lock: it sees the last committed W.
 func (d *Daemon) readCheckpoint(ctx context.Context, p progress) progress {
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
@@ -207,10 +201,12 @@ FROM walcount.checkpoint WHERE slot_name = $1`, d.cfg.Slot).Scan(&w, &age)
 	}
 	p.w = w
 	p.movedAt = time.Now().Add(-time.Duration(max(age, 0) * float64(time.Second)))
-	// Before a session's first flush nothing else exports W. Once the
-	// flusher commits, it sets the gauge itself, and this path is not
-	// taken again while W stays what the flusher holds.
-	d.m.CheckpointLSN.Set(float64(w))
+	// The flusher sets walcount_checkpoint_lsn when it commits; this read
+	// fills it in before the first flush and while another walcount moves
+	// W. W never goes backwards, so an older reading must not win.
+	if float64(w) > gaugeValue(d.m.CheckpointLSN) {
+		d.m.CheckpointLSN.Set(float64(w))
+	}
 	return p
 }
 
@@ -277,6 +273,15 @@ func counterValue(c prometheus.Counter) int64 {
 		return 0
 	}
 	return int64(m.GetCounter().GetValue())
+}
+
+// gaugeValue reads a Prometheus gauge.
+func gaugeValue(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		return 0
+	}
+	return m.GetGauge().GetValue()
 }
 
 // Ready returns nil when the daemon streams, PostgreSQL and Redis answer
