@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/monitor"
 )
@@ -22,6 +23,7 @@ type statusReport struct {
 	Slot            monitor.SlotStatus `json:"slot"`
 	Checkpoint      string             `json:"checkpoint_lsn,omitempty"`
 	CheckpointAt    *time.Time         `json:"checkpoint_updated_at,omitempty"`
+	CheckpointAge   *float64           `json:"checkpoint_age_seconds,omitempty"`
 	CheckpointError string             `json:"checkpoint_error,omitempty"`
 	RedisLSN        string             `json:"redis_lsn,omitempty"`
 	BufferKeys      *int64             `json:"buffer_keys,omitempty"`
@@ -42,20 +44,26 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	if r.Slot, err = monitor.ReadSlot(ctx, conn, cfg.Slot); err != nil {
 		return err
 	}
-	var at time.Time
-	if err := conn.QueryRow(ctx, `SELECT lsn::text, updated_at FROM walcount.checkpoint WHERE slot_name = $1`, cfg.Slot).Scan(&r.Checkpoint, &at); err != nil {
+	var (
+		at  time.Time
+		age float64
+	)
+	// The age is measured by the server's clock, like updated_at.
+	if err := conn.QueryRow(ctx, `SELECT lsn::text, updated_at, extract(epoch FROM clock_timestamp() - updated_at)::float8
+FROM walcount.checkpoint WHERE slot_name = $1`, cfg.Slot).Scan(&r.Checkpoint, &at, &age); err != nil {
 		r.CheckpointError = fmt.Sprintf("no checkpoint (%v); run walcount setup", err)
 	} else {
-		r.CheckpointAt = &at
+		r.CheckpointAt, r.CheckpointAge = &at, &age
 	}
 	if ropt, err := redis.ParseURL(cfg.RedisURL); err != nil {
-		r.RedisError = err.Error()
+		// A parse error may quote the URL, password included.
+		r.RedisError = redact.URL(err.Error())
 	} else {
 		rdb := redis.NewClient(ropt)
 		defer rdb.Close()
 		buf := redisbuf.New(rdb, cfg.Slot)
 		if meta, err := buf.Meta(ctx); err != nil {
-			r.RedisError = err.Error()
+			r.RedisError = redact.URL(err.Error())
 		} else if meta.Exists {
 			r.RedisLSN = meta.LSN.String()
 			r.FlushInProgress = meta.Flushing
@@ -137,10 +145,13 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		fmt.Fprintf(tw, "state\t%s\n", state)
 		fmt.Fprintf(tw, "lag\t%s\n", humanBytes(s.LagBytes))
 		fmt.Fprintf(tw, "retained WAL\t%s\n", humanBytes(s.RetainedWALBytes))
-		fmt.Fprintf(tw, "wal_status\t%s\n", s.WALStatus)
-		if s.SafeWALSizeBytes != nil {
-			fmt.Fprintf(tw, "safe_wal_size\t%s\n", humanBytes(*s.SafeWALSizeBytes))
-		} else {
+		fmt.Fprintf(tw, "wal_status\t%s\n", walStatusLine(s))
+		switch {
+		case s.SafeWALSizeBytes != nil:
+			fmt.Fprintf(tw, "safe_wal_size\t%s more WAL before the slot is lost\n", humanBytes(*s.SafeWALSizeBytes))
+		case s.Invalidated:
+			fmt.Fprintf(tw, "safe_wal_size\tnone: the slot is lost\n")
+		default:
 			fmt.Fprintf(tw, "safe_wal_size\tunlimited (max_slot_wal_keep_size = -1)\n")
 		}
 		fmt.Fprintf(tw, "confirmed\t%s\n", s.ConfirmedFlushLSN)
@@ -148,7 +159,7 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 	if r.CheckpointError != "" {
 		fmt.Fprintf(tw, "checkpoint (W)\t%s\n", r.CheckpointError)
 	} else {
-		fmt.Fprintf(tw, "checkpoint (W)\t%s, %s ago\n", r.Checkpoint, time.Since(*r.CheckpointAt).Round(time.Second))
+		fmt.Fprintf(tw, "checkpoint (W)\t%s, moved %s ago\n", r.Checkpoint, secondsAgo(*r.CheckpointAge))
 	}
 	switch {
 	case r.RedisError != "":
@@ -165,13 +176,28 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 	if r.DaemonError != "" {
 		fmt.Fprintf(tw, "daemon\t%s\n", r.DaemonError)
 	} else if r.Daemon != nil {
+		// The fields of daemon.Status that a person reads first.
 		var d struct {
-			Streaming bool   `json:"streaming"`
-			Received  string `json:"received_lsn"`
-			LastError string `json:"last_error"`
+			Streaming bool     `json:"streaming"`
+			Waiting   bool     `json:"waiting_for_slot"`
+			Received  string   `json:"received_lsn"`
+			Age       *float64 `json:"checkpoint_age_seconds"`
+			Failures  int      `json:"consecutive_failures"`
+			LastError string   `json:"last_error"`
 		}
 		_ = json.Unmarshal(r.Daemon, &d)
-		fmt.Fprintf(tw, "daemon\tstreaming=%v received=%s\n", d.Streaming, d.Received)
+		switch {
+		case d.Streaming:
+			line := "streaming, received up to " + d.Received
+			if d.Age != nil {
+				line += ", last flush " + secondsAgo(*d.Age) + " ago"
+			}
+			fmt.Fprintf(tw, "daemon\t%s\n", line)
+		case d.Waiting:
+			fmt.Fprintf(tw, "daemon\tstandby: another walcount holds the slot\n")
+		default:
+			fmt.Fprintf(tw, "daemon\tNOT streaming (%d consecutive failures)\n", d.Failures)
+		}
 		if d.LastError != "" {
 			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
 		}
@@ -180,6 +206,34 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 	for _, w := range r.Warnings {
 		fmt.Fprintf(out, "WARNING: %s\n", w)
 	}
+}
+
+// walStatusMeaning says what each pg_replication_slots.wal_status means
+// for walcount.
+var walStatusMeaning = map[string]string{
+	monitor.WALReserved:   "the slot's WAL is within max_wal_size",
+	monitor.WALExtended:   "the slot keeps more than max_wal_size, within max_slot_wal_keep_size",
+	monitor.WALUnreserved: "WAL the slot needs may be removed at the next checkpoint",
+	monitor.WALLost:       "WAL the slot needed was removed",
+}
+
+func walStatusLine(s monitor.SlotStatus) string {
+	status := s.WALStatus
+	if status == "" {
+		status = "null"
+	}
+	if m, ok := walStatusMeaning[s.WALStatus]; ok {
+		return status + " (" + m + ")"
+	}
+	if s.Invalidated {
+		return status + " (the slot is invalidated)"
+	}
+	return status
+}
+
+// secondsAgo renders an age in seconds for people, to the second.
+func secondsAgo(sec float64) string {
+	return time.Duration(max(sec, 0) * float64(time.Second)).Round(time.Second).String()
 }
 
 // humanBytes renders n in binary units.

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/daemon"
+	"github.com/walcount/walcount/internal/httpapi"
+	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/setup"
+	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/monitor"
+)
+
+// These tests run walcount status and walcount run against real, private
+// PostgreSQL and Redis servers. They assert no durations: waits poll under
+// generous deadlines.
+
+const within = 90 * time.Second
+
+const appSchema = `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
+ALTER TABLE likes REPLICA IDENTITY FULL;
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;
+`
+
+// cluster is a private PostgreSQL and Redis with the app's tables and
+// walcount set up (slot, publication, checkpoint).
+type cluster struct {
+	pg  *servers.Postgres
+	cfg config.Config
+}
+
+func newCluster(t *testing.T, pgSettings map[string]string) *cluster {
+	t.Helper()
+	c := &cluster{pg: testenv.Postgres(t, servers.PostgresOptions{Settings: pgSettings})}
+	rd := testenv.Redis(t)
+	c.cfg = config.Default()
+	c.cfg.DatabaseURL = c.pg.URL()
+	c.cfg.RedisURL = rd.URL()
+	c.cfg.HTTPAddr = "" // never the default port: no daemon is asked unless a test says so
+	c.cfg.FlushInterval = 100 * time.Millisecond
+	c.cfg.HeartbeatInterval = 200 * time.Millisecond
+	c.cfg.SlotSettings.PollInterval = 200 * time.Millisecond
+	c.exec(t, appSchema)
+	conn := c.connect(t)
+	if _, err := setup.Run(context.Background(), conn, setup.Options{Slot: c.cfg.Slot, Publication: c.cfg.Publication, Counters: c.cfg.Counters}); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	return c
+}
+
+func (c *cluster) connect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), c.pg.URL())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func (c *cluster) exec(t *testing.T, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), c.pg.URL())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// like inserts n likes in one transaction.
+func (c *cluster) like(t *testing.T, n int) {
+	t.Helper()
+	c.exec(t, fmt.Sprintf("INSERT INTO likes (post_id) SELECT 1 + g %% 20 FROM generate_series(1, %d) g", n))
+}
+
+// status runs walcount status and returns its output.
+func status(t *testing.T, cfg config.Config, asJSON bool) string {
+	t.Helper()
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := runStatus(ctx, &out, cfg, asJSON); err != nil {
+		t.Fatalf("walcount status: %v", err)
+	}
+	return out.String()
+}
+
+// statusJSON is the part of walcount status --json the tests read.
+type statusJSON struct {
+	Slot struct {
+		Exists    bool   `json:"exists"`
+		Active    bool   `json:"active"`
+		WALStatus string `json:"wal_status"`
+		LagBytes  int64  `json:"lag_bytes"`
+		Retained  int64  `json:"retained_wal_bytes"`
+	} `json:"slot"`
+	Checkpoint    string   `json:"checkpoint_lsn"`
+	CheckpointAge *float64 `json:"checkpoint_age_seconds"`
+	Daemon        *struct {
+		Streaming bool   `json:"streaming"`
+		Received  string `json:"received_lsn"`
+	} `json:"daemon"`
+	DaemonError string   `json:"daemon_error"`
+	Warnings    []string `json:"warnings"`
+}
+
+func statusParsed(t *testing.T, cfg config.Config) statusJSON {
+	t.Helper()
+	out := status(t, cfg, true)
+	var s statusJSON
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("walcount status --json is not JSON: %v\n%s", err, out)
+	}
+	return s
+}
+
+// TestStatusInactiveLaggingSlot runs walcount status with no daemon while
+// likes keep coming: the slot is inactive, its lag grows, and both outputs
+// say so in words. The database URL carries a password, which must not be
+// printed.
+func TestStatusInactiveLaggingSlot(t *testing.T) {
+	const secret = "s3cr3t-pw"
+	c := newCluster(t, nil)
+	c.exec(t, "CREATE ROLE walcount_pw LOGIN REPLICATION SUPERUSER PASSWORD '"+secret+"'")
+	u, err := url.Parse(c.pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("walcount_pw", secret)
+	cfg := c.cfg
+	cfg.DatabaseURL = u.String()
+
+	c.like(t, 100)
+	first := statusParsed(t, cfg)
+	c.like(t, 1000)
+	second := statusParsed(t, cfg)
+	if !second.Slot.Exists || second.Slot.Active || second.Slot.WALStatus != monitor.WALReserved {
+		t.Errorf("slot in --json = %+v, want an existing, inactive, reserved slot", second.Slot)
+	}
+	if first.Slot.LagBytes <= 0 || second.Slot.LagBytes <= first.Slot.LagBytes || second.Slot.Retained < second.Slot.LagBytes {
+		t.Errorf("lag %d then %d (retained %d): want a positive lag that grows with the writes, within the retained WAL",
+			first.Slot.LagBytes, second.Slot.LagBytes, second.Slot.Retained)
+	}
+	if second.Checkpoint == "" || second.CheckpointAge == nil || *second.CheckpointAge < 0 {
+		t.Errorf("checkpoint in --json: %q, age %v", second.Checkpoint, second.CheckpointAge)
+	}
+	if len(second.Warnings) != 1 || !strings.Contains(second.Warnings[0], "INACTIVE") {
+		t.Errorf("--json warnings = %q, want the INACTIVE warning", second.Warnings)
+	}
+	if second.Daemon != nil || second.DaemonError != "" {
+		t.Errorf("--json asked a daemon with no --http-addr: %+v %q", second.Daemon, second.DaemonError)
+	}
+
+	out := status(t, cfg, false)
+	t.Logf("walcount status:\n%s", out)
+	for _, want := range []string{
+		"state inactive",
+		"wal_status reserved (the slot's WAL is within max_wal_size)",
+		"safe_wal_size unlimited (max_slot_wal_keep_size = -1)",
+		"checkpoint (W)",
+		"buffer empty (no walcount keys in redis)",
+		"WARNING: the slot is INACTIVE: no walcount is streaming from it, and it holds back",
+		"keeps growing while writes continue; start walcount run, or drop the slot with walcount teardown --yes",
+	} {
+		if !says(out, want) {
+			t.Errorf("walcount status does not say %q", want)
+		}
+	}
+	for _, o := range []string{out, status(t, cfg, true)} {
+		if strings.Contains(o, secret) {
+			t.Errorf("walcount status prints the password:\n%s", o)
+		}
+	}
+}
+
+// TestStatusWithDaemon runs walcount status next to a running daemon
+// served as walcount run serves it: the slot is active, the daemon's view is
+// added, and nothing is flagged. Once the daemon stops, status says that no
+// daemon answers.
+func TestStatusWithDaemon(t *testing.T) {
+	c := newCluster(t, nil)
+	d, err := daemon.New(daemon.Options{Config: c.cfg, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	stop := func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("daemon Run: %v", err)
+			}
+		case <-time.After(within):
+			t.Error("the daemon did not stop")
+		}
+	}
+	defer d.Close()
+	srv := httpapi.New(httpapi.Options{
+		Addr:   "127.0.0.1:0",
+		Status: func(ctx context.Context) any { return d.Status(ctx) },
+		Ready:  d.Ready,
+	})
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	closeSrv := func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		if err := srv.Close(sctx); err != nil {
+			t.Errorf("close http server: %v", err)
+		}
+	}
+	cfg := c.cfg
+	cfg.HTTPAddr = srv.Addr()
+
+	c.like(t, 50)
+	var s statusJSON
+	poll(t, "status to show an active slot and a streaming daemon", func() (bool, string) {
+		s = statusParsed(t, cfg)
+		return s.Slot.Active && s.Daemon != nil && s.Daemon.Streaming && s.Daemon.Received != "",
+			fmt.Sprintf("%+v", s)
+	})
+	if len(s.Warnings) != 0 {
+		t.Errorf("warnings with a streaming daemon: %q", s.Warnings)
+	}
+	out := status(t, cfg, false)
+	t.Logf("walcount status:\n%s", out)
+	for _, want := range []string{"state active (pid ", "daemon streaming, received up to "} {
+		if !says(out, want) {
+			t.Errorf("walcount status does not say %q", want)
+		}
+	}
+	if strings.Contains(out, "WARNING") {
+		t.Errorf("walcount status warns with a streaming daemon")
+	}
+
+	closeSrv()
+	stop()
+	out = status(t, cfg, false)
+	if !strings.Contains(out, "no daemon answers at "+cfg.HTTPAddr) {
+		t.Errorf("walcount status with the daemon gone does not say that no daemon answers:\n%s", out)
+	}
+}
+
+// TestRunStopsOnLostSlot loses the slot while no walcount runs and then
+// starts walcount run: with the preflight checks it refuses to start, and
+// without them the daemon stops at once; either way the error says what to
+// do, and walcount status says the slot is lost.
+func TestRunStopsOnLostSlot(t *testing.T) {
+	c := newCluster(t, map[string]string{"max_slot_wal_keep_size": "1MB"})
+	conn := c.connect(t)
+	ctx := context.Background()
+	for round := 1; ; round++ {
+		c.like(t, 100)
+		for _, q := range []string{"SELECT pg_switch_wal()", "CHECKPOINT"} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st, err := monitor.ReadSlot(ctx, conn, c.cfg.Slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Invalidated {
+			t.Logf("slot lost after %d round(s)", round)
+			break
+		}
+		if round == 20 {
+			t.Fatalf("slot not lost after %d rounds: %+v", round, st)
+		}
+	}
+
+	cfg := c.cfg
+	cfg.HTTPAddr = "127.0.0.1:0" // the HTTP server is wired as in production, on a free port
+	const todo = "walcount setup --recreate-slot"
+
+	err := runWithin(t, cfg, zap.NewNop(), false)
+	if err == nil || !strings.Contains(err.Error(), todo) || !strings.Contains(err.Error(), "is lost") {
+		t.Errorf("walcount run with the preflight checks = %v, want a refusal that says the slot is lost and %q", err, todo)
+	}
+	t.Logf("walcount run: %v", err)
+
+	core, logs := observer.New(zapcore.InfoLevel)
+	err = runWithin(t, cfg, zap.New(core), true)
+	if !errors.Is(err, monitor.ErrSlotLost) {
+		t.Fatalf("walcount run --skip-check = %v, want an error wrapping monitor.ErrSlotLost", err)
+	}
+	for _, want := range []string{todo, "walcount reconcile"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("walcount run --skip-check error %q does not say %q", err, want)
+		}
+	}
+	if code := exitCode(err); code != exitFailure {
+		t.Errorf("exit code %d, want %d", code, exitFailure)
+	}
+	if n := logs.FilterMessage("stopping: the replication slot is lost").FilterLevelExact(zapcore.ErrorLevel).Len(); n != 1 {
+		t.Errorf("logged the stop %d times, want once: %v", n, logs.All())
+	}
+	t.Logf("walcount run --skip-check: %v", err)
+
+	cfg.HTTPAddr = ""
+	out := status(t, cfg, false)
+	t.Logf("walcount status:\n%s", out)
+	for _, want := range []string{"wal_status lost (WAL the slot needed was removed)", "safe_wal_size none: the slot is lost",
+		`WARNING: replication slot "walcount" is lost`, todo} {
+		if !says(out, want) {
+			t.Errorf("walcount status on a lost slot does not say %q", want)
+		}
+	}
+}
+
+// runWithin runs walcount run and returns its error; it fails the test if
+// the command does not return by itself.
+func runWithin(t *testing.T, cfg config.Config, log *zap.Logger, skipCheck bool) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- runDaemon(ctx, cfg, log, skipCheck) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(within):
+		cancel()
+		<-done
+		t.Fatalf("walcount run did not stop by itself within %s", within)
+		return nil
+	}
+}
+
+// says reports whether out contains want, with every run of blanks in out
+// (the table's alignment) read as one space.
+func says(out, want string) bool {
+	return strings.Contains(strings.Join(strings.FieldsFunc(out, func(r rune) bool { return r == ' ' || r == '\t' }), " "), want)
+}
+
+func poll(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last: %s", within, what, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
