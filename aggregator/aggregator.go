@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"fmt"
+	"iter"
 	"time"
 
 	"go.uber.org/zap"
@@ -47,8 +48,8 @@ type MessageHandler func(end cdc.LSN, xid uint32, content []byte) ([]redisbuf.De
 
 // TxnObserver sees every committed transaction with its deltas (before
 // coalescing across transactions) and the counters it truncated;
-// reconciliation uses it. It must not keep deltas.
-type TxnObserver func(xid uint32, end cdc.LSN, deltas map[string]int64, truncated map[string]bool)
+// reconciliation uses it. deltas is valid only during the call.
+type TxnObserver func(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool)
 
 // Options configure an Aggregator.
 type Options struct {
@@ -84,11 +85,12 @@ type Aggregator struct {
 	inTxn  bool
 	skip   bool
 	xid    uint32
-	txn    map[string]int64
+	txn    deltaSet
+	keyBuf []byte
 	resets map[string]bool
 
 	// Pending batch: committed transactions not yet in Redis.
-	pending      map[string]int64
+	pending      deltaSet
 	pendingLast  cdc.LSN
 	pendingSince time.Time
 	pendingTxns  int
@@ -114,9 +116,9 @@ func New(opt Options) *Aggregator {
 		log:     opt.Logger,
 		rules:   make(map[*cdc.Relation][]rule),
 		prev:    opt.Start,
-		txn:     make(map[string]int64),
+		txn:     newDeltaSet(),
 		resets:  make(map[string]bool),
-		pending: make(map[string]int64),
+		pending: newDeltaSet(),
 	}
 }
 
@@ -148,7 +150,7 @@ func (a *Aggregator) Run(ctx context.Context, in <-chan *cdc.Batch, release func
 		}
 		// Write when the input is drained, so a quiet stream is fresh,
 		// or when the pending batch is big or old enough under load.
-		if len(in) == 0 || len(a.pending) >= a.opt.MaxPendingKeys ||
+		if len(in) == 0 || a.pending.size() >= a.opt.MaxPendingKeys ||
 			(a.pendingTxns > 0 && time.Since(a.pendingSince) >= a.opt.MaxPendingAge) {
 			if err := a.writePending(ctx); err != nil {
 				return err
@@ -179,7 +181,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		// overlap, so it lies below prev exactly when the transaction's
 		// end LSN is at or below prev: already applied.
 		a.skip = ev.LSN < a.prev
-		clear(a.txn)
+		a.txn.reset()
 		clear(a.resets)
 	case cdc.KindChange:
 		if a.skip {
@@ -202,11 +204,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 				a.opt.Metrics.Changes.WithLabelValues(c.Name, "truncate").Inc()
 				// Deltas of this counter earlier in the transaction are
 				// erased by the TRUNCATE.
-				for f := range a.txn {
-					if name, _, _ := redisbuf.SplitField(f); name == c.Name {
-						delete(a.txn, f)
-					}
-				}
+				a.txn.dropCounter(c.Name)
 			}
 		}
 	case cdc.KindMessage:
@@ -276,23 +274,17 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 }
 
 func (a *Aggregator) addKey(counter string, key []byte, n int64) {
-	a.add(counter+":"+string(key), n)
+	a.txn.addField(&a.keyBuf, counter, key, n)
 }
 
-func (a *Aggregator) add(field string, n int64) {
-	if v := a.txn[field] + n; v != 0 {
-		a.txn[field] = v
-	} else {
-		delete(a.txn, field)
-	}
-}
+func (a *Aggregator) add(field string, n int64) { a.txn.add(field, n) }
 
 // commit merges the transaction into the pending batch, or runs it as a
 // barrier when it truncated a source table.
 func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 	a.opt.Metrics.Transactions.Inc()
 	if a.opt.Observe != nil {
-		a.opt.Observe(a.xid, ev.LSN, a.txn, a.resets)
+		a.opt.Observe(a.xid, ev.LSN, a.txn.all(), a.resets)
 	}
 	if len(a.resets) > 0 {
 		if err := a.writePending(ctx); err != nil {
@@ -302,8 +294,8 @@ func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 		for name := range a.resets {
 			reset = append(reset, name)
 		}
-		deltas := make([]redisbuf.Delta, 0, len(a.txn))
-		for f, n := range a.txn {
+		deltas := make([]redisbuf.Delta, 0, a.txn.size())
+		for f, n := range a.txn.all() {
 			deltas = append(deltas, redisbuf.Delta{Field: f, N: n})
 		}
 		if err := a.opt.Barrier.Barrier(ctx, ev.LSN, reset, deltas); err != nil {
@@ -312,12 +304,8 @@ func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 		a.prev = ev.LSN
 		return nil
 	}
-	for f, n := range a.txn {
-		if v := a.pending[f] + n; v != 0 {
-			a.pending[f] = v
-		} else {
-			delete(a.pending, f)
-		}
+	for f, n := range a.txn.all() {
+		a.pending.add(f, n)
 	}
 	if a.pendingTxns == 0 {
 		a.pendingSince = time.Now()
@@ -336,14 +324,14 @@ func (a *Aggregator) writePending(ctx context.Context) error {
 		return nil
 	}
 	a.scratch = a.scratch[:0]
-	for f, n := range a.pending {
+	for f, n := range a.pending.all() {
 		a.scratch = append(a.scratch, redisbuf.Delta{Field: f, N: n})
 	}
 	if _, err := a.opt.Buffer.Apply(ctx, a.prev, a.pendingLast, a.scratch); err != nil {
 		return err
 	}
 	a.prev = a.pendingLast
-	clear(a.pending)
+	a.pending.reset()
 	a.pendingTxns = 0
 	return failpoint.Inject(failpoint.AfterApply)
 }

@@ -74,8 +74,8 @@ func TestRuleAlgebra(t *testing.T) {
 			if err := a.change(&ev); err != nil {
 				t.Fatal(err)
 			}
-			if !maps.Equal(a.txn, tc.want) {
-				t.Fatalf("deltas = %v, want %v", a.txn, tc.want)
+			if !maps.Equal(a.txn.toMap(), tc.want) {
+				t.Fatalf("deltas = %v, want %v", a.txn.toMap(), tc.want)
 			}
 		})
 	}
@@ -282,8 +282,8 @@ func TestFilterValuesAreCanonicalised(t *testing.T) {
 	if err := a.change(&ev); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]int64{"v:5": 1}; !maps.Equal(a.txn, want) {
-		t.Fatalf("deltas = %v, want %v", a.txn, want)
+	if want := map[string]int64{"v:5": 1}; !maps.Equal(a.txn.toMap(), want) {
+		t.Fatalf("deltas = %v, want %v", a.txn.toMap(), want)
 	}
 }
 
@@ -424,8 +424,8 @@ func TestNumericSumAlgebra(t *testing.T) {
 			if err := a.change(&ev); err != nil {
 				t.Fatal(err)
 			}
-			if !maps.Equal(a.txn, tc.want) {
-				t.Fatalf("deltas = %v, want %v", a.txn, tc.want)
+			if !maps.Equal(a.txn.toMap(), tc.want) {
+				t.Fatalf("deltas = %v, want %v", a.txn.toMap(), tc.want)
 			}
 		})
 	}

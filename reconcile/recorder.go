@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"sync"
 	"sync/atomic"
 
@@ -247,7 +248,7 @@ func (m *measurement) evaluate() outcome {
 
 // Observe is the aggregator's TxnObserver: it records the deltas of every
 // transaction after M0 for the keys being measured.
-func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas map[string]int64, truncated map[string]bool) {
+func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool) {
 	if r.active.Load() == 0 {
 		return
 	}

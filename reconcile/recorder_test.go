@@ -1,6 +1,8 @@
 package reconcile
 
 import (
+	"iter"
+	"maps"
 	"testing"
 )
 
@@ -55,17 +57,17 @@ func TestRecorderFollowsMarkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Transactions before M0 are not recorded.
-	r.Observe(50, 100, map[string]int64{"c:1": 1}, nil)
+	r.Observe(50, 100, seq(map[string]int64{"c:1": 1}), nil)
 	if _, err := r.HandleMessage(0, 60, []byte(`{"reconcile":"m1","phase":0,"slot":"s"}`)); err != nil {
 		t.Fatal(err)
 	}
-	r.Observe(60, 200, nil, nil) // M0's own transaction
+	r.Observe(60, 200, seq(nil), nil) // M0's own transaction
 	select {
 	case <-m.committed:
 	default:
 		t.Fatal("M0's commit did not start the recording")
 	}
-	r.Observe(61, 300, map[string]int64{"c:1": 1, "c:9": 1, "other:1": 1}, nil)
+	r.Observe(61, 300, seq(map[string]int64{"c:1": 1, "c:9": 1, "other:1": 1}), nil)
 	// Another slot's marker is ignored.
 	if ds, _ := r.HandleMessage(0, 62, []byte(`{"reconcile":"m1","phase":1,"slot":"other"}`)); ds != nil {
 		t.Fatal("handled another slot's marker")
@@ -94,3 +96,6 @@ func TestRecorderFollowsMarkers(t *testing.T) {
 		t.Fatal("measurement survived a session restart")
 	}
 }
+
+// seq turns a map into the iterator Observe takes.
+func seq(m map[string]int64) iter.Seq2[string, int64] { return maps.All(m) }
