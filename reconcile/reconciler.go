@@ -364,9 +364,11 @@ func (r *Reconciler) fail(ctx context.Context, run RunInfo, err error) error {
 	return fmt.Errorf("reconcile run %d: %w", run.ID, err)
 }
 
+// setCurrent publishes a copy of run: execute keeps changing its own.
 func (r *Reconciler) setCurrent(run *RunInfo) {
+	c := *run
 	r.mu.Lock()
-	r.current = run
+	r.current = &c
 	r.mu.Unlock()
 }
 

@@ -79,6 +79,9 @@ type state struct {
 	failures     int
 	sessionStart time.Time
 	waiting      bool
+	// failSession ends the running session with an error; flushes made
+	// outside the session's own loop (reconciliation) report through it.
+	failSession func(error)
 	// failureLoggedAt is when a failed session was last logged at error
 	// level (see logFailure).
 	failureLoggedAt time.Time

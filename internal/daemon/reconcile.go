@@ -39,13 +39,20 @@ func (d *Daemon) ReconcileStatus() reconcile.Status { return d.rec.Status() }
 // flushNow flushes through the running session.
 func (d *Daemon) flushNow(ctx context.Context) error {
 	d.mu.Lock()
-	f, streaming := d.state.flusher, d.state.streaming
+	f, streaming, fail := d.state.flusher, d.state.streaming, d.state.failSession
 	d.mu.Unlock()
 	if f == nil || !streaming {
 		return reconcile.ErrNotStreaming
 	}
-	_, err := f.Flush(ctx)
-	return err
+	if _, err := f.Flush(ctx); err != nil {
+		// A flush error is the session's, wherever the flush ran: the
+		// session restarts and recovers exactly as after its own.
+		if fail != nil && ctx.Err() == nil {
+			fail(err)
+		}
+		return err
+	}
+	return nil
 }
 
 // busy reports that the stream is behind: batches wait between cdc and

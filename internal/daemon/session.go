@@ -121,6 +121,14 @@ func (d *Daemon) session(ctx context.Context) error {
 		stopStream()
 		stopWork()
 	}
+	d.mu.Lock()
+	d.state.failSession = fail
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.state.failSession = nil
+		d.mu.Unlock()
+	}()
 	wg.Go(func() {
 		if err := stream.Run(streamCtx); err != nil {
 			fail(err)
@@ -146,6 +154,9 @@ func (d *Daemon) session(ctx context.Context) error {
 	}
 	stopWork()
 	wg.Wait()
+	// fail may also be called by a flush outside wg (reconciliation): a
+	// no-op Do waits for it and publishes firstErr.
+	errOnce.Do(func() {})
 	if firstErr != nil {
 		return firstErr
 	}
