@@ -144,7 +144,12 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		}
 		fmt.Fprintf(tw, "state\t%s\n", state)
 		fmt.Fprintf(tw, "lag\t%s\n", humanBytes(s.LagBytes))
-		fmt.Fprintf(tw, "retained WAL\t%s\n", humanBytes(s.RetainedWALBytes))
+		if s.RestartLSN == 0 {
+			// restart_lsn is NULL: the slot keeps no WAL, because it is lost.
+			fmt.Fprintf(tw, "retained WAL\tnone (restart_lsn is NULL)\n")
+		} else {
+			fmt.Fprintf(tw, "retained WAL\t%s\n", humanBytes(s.RetainedWALBytes))
+		}
 		fmt.Fprintf(tw, "wal_status\t%s\n", walStatusLine(s))
 		switch {
 		case s.SafeWALSizeBytes != nil:

@@ -323,7 +323,7 @@ func TestRunStopsOnLostSlot(t *testing.T) {
 	cfg.HTTPAddr = ""
 	out := status(t, cfg, false)
 	t.Logf("walcount status:\n%s", out)
-	for _, want := range []string{"wal_status lost (WAL the slot needed was removed)", "safe_wal_size none: the slot is lost",
+	for _, want := range []string{"wal_status lost (WAL the slot needed was removed)", "safe_wal_size none: the slot is lost", "retained WAL none (restart_lsn is NULL)",
 		`WARNING: replication slot "walcount" is lost`, todo} {
 		if !says(out, want) {
 			t.Errorf("walcount status on a lost slot does not say %q", want)
