@@ -82,6 +82,12 @@ type Stream struct {
 	ack     atomic.Uint64 // W: the position to confirm
 	ackWake chan struct{}
 	recv    atomic.Uint64 // highest WAL position received
+
+	// Owned by Run (and by Close after Run returned).
+	inTxn      bool // a BEGIN was decoded without its COMMIT
+	lastCommit LSN  // end LSN of the last COMMIT decoded
+	idleEnd    LSN  // the server's sent position from a keepalive no data followed
+	confirmed  LSN  // the highest flush position sent
 }
 
 // Connect opens a replication connection and starts streaming from
@@ -290,6 +296,7 @@ func (s *Stream) Run(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("parse keepalive: %w", err)
 				}
+				s.idleEnd = ka.ServerWALEnd
 				if ka.ReplyRequested {
 					if err := s.sendStatus(false); err != nil {
 						return err
@@ -302,8 +309,18 @@ func (s *Stream) Run(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("parse xlogdata: %w", err)
 				}
+				before := len(batch.Events)
 				if err := dec.Decode(xld.WALData, batch); err != nil {
 					return fmt.Errorf("decode wal at %s: %w", xld.WALStart, err)
+				}
+				s.idleEnd = 0
+				if n := len(batch.Events); n > before {
+					switch ev := &batch.Events[n-1]; ev.Kind {
+					case KindBegin:
+						s.inTxn = true
+					case KindCommit:
+						s.inTxn, s.lastCommit = false, ev.LSN
+					}
 				}
 				end := xld.WALStart + LSN(len(xld.WALData))
 				if uint64(end) > s.recv.Load() {
@@ -370,8 +387,26 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 // sendStatus sends a standby status update. Write is the received
 // position; flush and apply are W, set explicitly because pglogrepl copies
 // the write position into a zero flush field (DESIGN §2 rule 3).
+//
+// One refinement of rule 3: when the server's last keepalive said it has
+// sent everything up to some position, no data followed it, no
+// transaction is open and W covers the last COMMIT received, then the WAL
+// between W and that position holds nothing for walcount, and the flush
+// position is that position. Without it, PostgreSQL's fast shutdown,
+// which waits for the walsender's client to confirm all WAL sent, would
+// wait forever for a walcount that only ever confirms W.
 func (s *Stream) sendStatus(replyRequested bool) error {
 	w := s.Acked()
+	if s.idleEnd > w && !s.inTxn && w >= s.lastCommit {
+		w = s.idleEnd
+	}
+	w = max(w, s.confirmed)
+	if w == 0 {
+		// Nothing to confirm yet. A zero flush position would make
+		// pglogrepl confirm the received position instead.
+		return nil
+	}
+	s.confirmed = w
 	recv := s.ReceivedLSN()
 	if recv < w {
 		recv = w

@@ -119,13 +119,14 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
 	if !strings.Contains(logs.String(), "stopped cleanly") {
 		t.Errorf("no clean-stop line in the logs:\n%s", logs.String())
 	}
+	var behind bool
 	var confirmed, w string
-	if err := conn.QueryRow(ctx, `SELECT s.confirmed_flush_lsn::text, c.lsn::text FROM pg_replication_slots s, walcount.checkpoint c
-WHERE s.slot_name = 'walcount' AND c.slot_name = 'walcount'`).Scan(&confirmed, &w); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT s.confirmed_flush_lsn < c.lsn, s.confirmed_flush_lsn::text, c.lsn::text FROM pg_replication_slots s, walcount.checkpoint c
+WHERE s.slot_name = 'walcount' AND c.slot_name = 'walcount'`).Scan(&behind, &confirmed, &w); err != nil {
 		t.Fatal(err)
 	}
-	if confirmed != w {
-		t.Errorf("slot confirmed %s, checkpoint %s: the final ack must be W", confirmed, w)
+	if behind {
+		t.Errorf("slot confirmed %s, checkpoint %s: the final ack must reach W", confirmed, w)
 	}
 	if err := conn.QueryRow(ctx, `SELECT sum(likes_count) FROM posts`).Scan(&total); err != nil {
 		t.Fatal(err)

@@ -35,8 +35,8 @@ func TestRandomWorkloadEndsExact(t *testing.T) {
 	if err := e.db.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Slot).Scan(&confirmed); err != nil {
 		t.Fatal(err)
 	}
-	if confirmed != w0 {
-		t.Errorf("slot confirmed %s, checkpoint %s: the final ack must be W", confirmed, w0)
+	if confirmed < w0 {
+		t.Errorf("slot confirmed %s, checkpoint %s: the final ack must reach W", confirmed, w0)
 	}
 	rdb := e.rdb()
 	if n, err := redisbuf.New(rdb, e.cfg.Slot).Len(ctx); err != nil || n != 0 {
@@ -352,4 +352,37 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for: %s", what)
+}
+
+// TestPostgresFastShutdownWithDaemonConnected stops PostgreSQL the
+// default way while walcount streams: the walsender waits for its client
+// to confirm all WAL sent, so walcount must confirm past W when nothing
+// is in flight, or the shutdown never ends.
+func TestPostgresFastShutdownWithDaemonConnected(t *testing.T) {
+	e := newEnv(t)
+	d := e.start()
+	ctx := context.Background()
+	newWorkload(e.db).run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	// Unrelated WAL after the last like, as a busy database has.
+	if _, err := e.db.Exec(ctx, "INSERT INTO events (payload) SELECT 'x' FROM generate_series(1, 1000)"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := e.pg.Stop(sctx, "fast"); err != nil {
+		t.Fatalf("fast shutdown with walcount connected: %v (after %s)", err, time.Since(start))
+	}
+	t.Logf("fast shutdown took %s with walcount connected", time.Since(start))
+	if err := e.pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	newWorkload(e.db).run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
 }

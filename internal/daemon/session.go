@@ -62,6 +62,9 @@ func (d *Daemon) session(ctx context.Context) error {
 	}
 	defer closeStream()
 	flusher.SetAck(stream.Ack)
+	// The stream confirms W from the start, even when it was asked to
+	// start elsewhere (tests replaying from the slot's position).
+	stream.Ack(flusher.W())
 
 	start, err := d.recover(ctx, flusher)
 	if err != nil {
