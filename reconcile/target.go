@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/internal/config"
 )
 
@@ -42,15 +43,6 @@ WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdr
 	return typ, typmod, err
 }
 
-// numericScale returns the scale walcount uses for a summed column:
-// its declared numeric scale, 0 for integers (the aggregator's unit).
-func numericScale(typ string, typmod int32) int {
-	if !strings.HasPrefix(typ, "numeric") || typmod < 4 {
-		return 0
-	}
-	return int((typmod - 4) & 0xffff)
-}
-
 func resolveCounter(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, c config.Counter) (*counterSQL, error) {
@@ -74,11 +66,18 @@ func resolveCounter(ctx context.Context, q interface {
 	value := "count(*)"
 	scale := 0
 	if c.Sum != "" {
-		sumType, sumTypmod, err := typeOf(ctx, q, src, c.Sum)
+		_, sumTypmod, err := typeOf(ctx, q, src, c.Sum)
 		if err != nil {
 			return nil, fmt.Errorf("counter %s: %w", c.Name, err)
 		}
-		scale = numericScale(sumType, sumTypmod)
+		var oid uint32
+		if err := q.QueryRow(ctx, `SELECT atttypid FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2`, src.Sanitize(), c.Sum).Scan(&oid); err != nil {
+			return nil, fmt.Errorf("counter %s: read type of %s: %w", c.Name, c.Sum, err)
+		}
+		// The aggregator's unit: the same scale, from the same rule.
+		if scale, err = aggregator.SumScale(oid, sumTypmod); err != nil {
+			return nil, fmt.Errorf("counter %s: %w", c.Name, err)
+		}
 		value = fmt.Sprintf("coalesce(sum(s.%s), 0)", pgx.Identifier{c.Sum}.Sanitize())
 	}
 	scaled := func(expr string) string {

@@ -94,6 +94,7 @@ func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) error
 		return fmt.Errorf("preflight: %w", err)
 	}
 	var problems []string
+	var cfgProblems []config.Problem
 	for _, f := range findings {
 		switch f.Severity {
 		case preflight.Warning:
@@ -110,7 +111,15 @@ func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) error
 				p += " (fix: " + f.Fix + ")"
 			}
 			problems = append(problems, p)
+			if strings.HasPrefix(f.Fix, "set counters[") {
+				// The configuration names what the database lacks: a
+				// configuration error (exit 2), fixed in the file.
+				cfgProblems = append(cfgProblems, config.Problem{Msg: p})
+			}
 		}
+	}
+	if len(cfgProblems) > 0 {
+		return &config.Error{Problems: cfgProblems}
 	}
 	if len(problems) > 0 {
 		return errors.New("preflight found problems; run walcount check for details: " + strings.Join(problems, "; "))

@@ -178,11 +178,8 @@ func fatal(err error) bool {
 		errors.Is(err, sink.ErrBadTarget) ||
 		errors.Is(err, sink.ErrNoCheckpoint) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
-		errors.Is(err, errBind) ||
 		isSlotLost(err)
 }
-
-var errBind = errors.New("bind counters")
 
 // Run runs sessions until ctx is done (returns nil after a clean
 // shutdown) or a fatal error occurs.
