@@ -29,11 +29,13 @@ lint:
 demo: deps build
 	./$(BIN) demo $(DEMO_FLAGS)
 
-# bench runs the benchmark harness; QUICK=1 makes it a short run (-quick).
+# bench measures walcount against the alternatives on this machine (about 10
+# minutes) and writes bench/results/; QUICK=1 makes it a short run (-quick,
+# about a minute). Pass more flags with BENCH_FLAGS (go run ./bench -h).
 bench: deps build
 	@quick=; if [ -n "$(QUICK)" ] && [ "$(QUICK)" != 0 ]; then quick=-quick; fi; \
-	echo "$(GO) run ./bench $$quick"; \
-	$(GO) run ./bench $$quick
+	echo "$(GO) run ./bench $$quick $(BENCH_FLAGS)"; \
+	$(GO) run ./bench $$quick $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/demo"
+)
+
+// Freshness run.
+const (
+	// freshClients write the paced load.
+	freshClients = 16
+	// probeInterval is how often the probe likes post 0.
+	probeInterval = 100 * time.Millisecond
+	// probePoll is how often the probe reads post 0's likes_count.
+	probePoll = 5 * time.Millisecond
+	// probePost is the probe's post, outside the workload's posts.
+	probePost = 0
+)
+
+// freshResult is section 3, with the write amplification (section 4) and
+// the daemon cost (section 5) of the same run.
+type freshResult struct {
+	target, achieved float64 // likes/s
+	// lagP50 and lagP99 come from walcount_apply_lag_seconds over the
+	// measurement window, interpolated inside its buckets.
+	lagP50, lagP99 float64
+	// lagBucketP99 is the upper bound of the bucket holding the p99.
+	lagBucketP99 float64
+	// probes measure commit → likes_count visible, from outside.
+	probes  []time.Duration // sorted
+	likes   int64           // rows written during the window
+	updates int64           // n_tup_upd of posts over the whole run
+	total   int64           // likes over the whole run
+	// flushes and deltas are walcount_flushes_total and
+	// walcount_deltas_flushed_total over the whole run.
+	flushes, deltas float64
+	cpu             time.Duration // walcount's CPU during the window
+	peakRSS         int64
+	exact           bool
+}
+
+func (r freshResult) probe(q float64) time.Duration {
+	if len(r.probes) == 0 {
+		return 0
+	}
+	return r.probes[min(int(q*float64(len(r.probes))), len(r.probes)-1)]
+}
+
+// runFreshness measures apply lag at a fixed rate on a fresh cluster.
+func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, error) {
+	res := freshResult{target: rate}
+	c, err := newCluster(ctx, zipfPosts)
+	if err != nil {
+		return res, err
+	}
+	defer c.close()
+	if err := c.setup(ctx); err != nil {
+		return res, err
+	}
+	updates0, err := c.postUpdates(ctx)
+	if err != nil {
+		return res, err
+	}
+	wc, err := startWalcount(b.bin, b.tmp, c)
+	if err != nil {
+		return res, err
+	}
+	defer wc.stop()
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = wc.waitMetrics(sctx)
+	cancel()
+	if err != nil {
+		return res, err
+	}
+
+	lctx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	var loadErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, loadErr = pacedLoad(lctx, c.url, freshClients, rate, workloads[1])
+	})
+	pr := &prober{c: c}
+	wg.Go(func() { pr.run(lctx) })
+
+	select {
+	case <-time.After(b.freshWarmup):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	fams, err := wc.scrape(ctx)
+	if err != nil {
+		return res, err
+	}
+	lag0 := lagBuckets(fams)
+	u0, err := wc.usage()
+	if err != nil {
+		return res, err
+	}
+	likes0, err := c.likesCount(ctx)
+	if err != nil {
+		return res, err
+	}
+	pr.setWindow(time.Now())
+	windowStart := time.Now()
+	select {
+	case <-time.After(b.freshMeasure):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	pr.setWindowEnd(time.Now())
+	window := time.Since(windowStart)
+	u1, err := wc.usage()
+	if err != nil {
+		return res, err
+	}
+	likes1, err := c.likesCount(ctx)
+	if err != nil {
+		return res, err
+	}
+	// The quantiles come after a last flush, so the window's last
+	// transactions are in the histogram.
+	time.Sleep(2 * config.DefaultFlushInterval)
+	fams, err = wc.scrape(ctx)
+	if err != nil {
+		return res, err
+	}
+	stopLoad()
+	wg.Wait()
+	if loadErr != nil {
+		return res, loadErr
+	}
+
+	win := demo.SubBuckets(lagBuckets(fams), lag0)
+	res.lagP50, res.lagP99 = demo.Quantile(0.5, win), demo.Quantile(0.99, win)
+	res.lagBucketP99 = bucketBound(0.99, win)
+	res.probes = pr.lags()
+	res.likes = likes1 - likes0
+	res.achieved = float64(res.likes) / window.Seconds()
+	res.cpu = u1.cpu - u0.cpu
+	res.peakRSS = u1.peakRSS
+
+	if err := c.caughtUp(ctx, 2*time.Minute); err != nil {
+		return res, err
+	}
+	if fams, err = wc.scrape(ctx); err != nil {
+		return res, err
+	}
+	res.flushes = metricValue(fams, "walcount_flushes_total")
+	res.deltas = metricValue(fams, "walcount_deltas_flushed_total")
+	if err := wc.stop(); err != nil {
+		return res, err
+	}
+	if err := c.verify(ctx); err != nil {
+		return res, err
+	}
+	res.exact = true
+	time.Sleep(500 * time.Millisecond)
+	updates1, err := c.postUpdates(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.updates = updates1 - updates0
+	if res.total, err = c.likesCount(ctx); err != nil {
+		return res, err
+	}
+	b.logf("  target %.0f likes/s, achieved %.0f: apply lag p50 %.3fs p99 %.3fs (histogram, p99 bucket ≤ %gs); probe p50 %s p99 %s (%d probes); %.1f UPDATEs on posts per 100k likes",
+		res.target, res.achieved, res.lagP50, res.lagP99, res.lagBucketP99, res.probe(0.5), res.probe(0.99), len(res.probes),
+		float64(res.updates)/float64(res.total)*1e5)
+	return res, nil
+}
+
+// bucketBound returns the upper bound of the bucket that holds the
+// q-quantile.
+func bucketBound(q float64, buckets []demo.Bucket) float64 {
+	if len(buckets) == 0 {
+		return 0
+	}
+	rank := q * float64(buckets[len(buckets)-1].Count)
+	for _, b := range buckets {
+		if float64(b.Count) >= rank {
+			return b.UpperBound
+		}
+	}
+	return buckets[len(buckets)-1].UpperBound
+}
+
+// prober likes post 0 every probeInterval and watches its likes_count:
+// the time from a probe's commit until likes_count includes it is the
+// freshness an app reading the counter sees.
+type prober struct {
+	c *cluster
+
+	mu        sync.Mutex
+	committed []time.Time // commit time of the probe that made the count i+1
+	from, to  time.Time   // the measurement window
+	lag       []time.Duration
+}
+
+func (p *prober) setWindow(t time.Time) {
+	p.mu.Lock()
+	p.from = t
+	p.mu.Unlock()
+}
+
+func (p *prober) setWindowEnd(t time.Time) {
+	p.mu.Lock()
+	p.to = t
+	p.mu.Unlock()
+}
+
+func (p *prober) lags() []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := slices.Clone(p.lag)
+	slices.Sort(out)
+	return out
+}
+
+func (p *prober) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(probeInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if _, err := p.c.db.Exec(ctx, insertSQL, probePost, 0); err != nil {
+				return
+			}
+			now := time.Now()
+			p.mu.Lock()
+			p.committed = append(p.committed, now)
+			p.mu.Unlock()
+		}
+	})
+	wg.Go(func() {
+		seen := int64(0)
+		t := time.NewTicker(probePoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			var n int64
+			if err := p.c.db.QueryRow(ctx, `SELECT likes_count FROM posts WHERE id = $1`, probePost).Scan(&n); err != nil {
+				return
+			}
+			now := time.Now()
+			p.mu.Lock()
+			for ; seen < n && seen < int64(len(p.committed)); seen++ {
+				at := p.committed[seen]
+				if !p.from.IsZero() && !at.Before(p.from) && (p.to.IsZero() || at.Before(p.to)) {
+					p.lag = append(p.lag, now.Sub(at))
+				}
+			}
+			p.mu.Unlock()
+		}
+	})
+	wg.Wait()
+}

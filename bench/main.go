@@ -1,0 +1,224 @@
+// Command bench measures walcount side by side with the alternatives on
+// this machine, in one run, and writes a Markdown table and an SVG chart.
+//
+// It is `make bench` (`go run ./bench`; -quick for `make bench QUICK=1`).
+// See docs/benchmarks.md for what each section measures and how.
+//
+//  1. App write path: likes/s and latency of clients inserting likes, with
+//     no slot (a), with walcount running (b), in the counter_cache style
+//     (c) and with an AFTER INSERT trigger (d); one hot post and Zipf over
+//     10k posts; 1, 8 and 32 clients.
+//  2. Drain: a backlog built while walcount is stopped; time until W
+//     passes its end, against a bare pglogrepl reader on a second slot.
+//  3. Freshness: walcount_apply_lag_seconds at half the drain ceiling,
+//     and a probe that times commit → likes_count visible.
+//  4. Write amplification: UPDATEs on posts per 100k likes.
+//  5. Daemon cost: walcount's CPU seconds and peak RSS per million likes.
+//
+// Every cluster is fresh (a slot changes the write path) and lives on
+// disk, with fsync on and synchronous_commit=on.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/walcount/walcount/internal/servers"
+)
+
+// bench is one run's settings.
+type bench struct {
+	quick        bool
+	bin          string
+	tmp          string // walcount logs
+	outDir       string
+	profileDir   string
+	clientCounts []int
+	rounds       int           // rounds per client count in section 1
+	warmup       time.Duration // per round
+	measure      time.Duration // per round
+	backlog      int64         // likes per drain backlog
+	freshWarmup  time.Duration
+	freshMeasure time.Duration
+	freshRate    float64
+	log          io.Writer
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.log, format+"\n", args...)
+}
+
+// Sizes of a full and a quick run.
+const (
+	fullRounds       = 3
+	fullWarmup       = 500 * time.Millisecond
+	fullMeasure      = 1500 * time.Millisecond
+	fullBacklog      = 1_000_000
+	fullFreshWarmup  = 5 * time.Second
+	fullFreshMeasure = 20 * time.Second
+
+	quickRounds       = 1
+	quickWarmup       = 300 * time.Millisecond
+	quickMeasure      = time.Second
+	quickBacklog      = 100_000
+	quickFreshWarmup  = 2 * time.Second
+	quickFreshMeasure = 4 * time.Second
+
+	// defaultFreshRate is the freshness rate when the drain did not run.
+	defaultFreshRate = 2000
+	// moderateRate is the second freshness rate: a steady load that a
+	// small machine carries next to its app, where half the drain ceiling
+	// may saturate it.
+	moderateRate = 1000
+)
+
+// freshRates returns the freshness runs' rates: the one asked for, else
+// half of walcount's drain rate for single-row transactions and, when that
+// is much higher, moderateRate too.
+func freshRates(asked float64, drain []drainResult) []float64 {
+	if asked > 0 {
+		return []float64{asked}
+	}
+	half := float64(defaultFreshRate)
+	for _, d := range drain {
+		if d.shape.rowsPer == 1 {
+			half = d.rate() / 2
+		}
+	}
+	if half > 1.5*moderateRate {
+		return []float64{half, moderateRate}
+	}
+	return []float64{half}
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	b := &bench{log: os.Stderr, clientCounts: []int{1, 8, 32}}
+	var only, dataDir string
+	rev := gitRevision()
+	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
+	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
+	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh (default all)")
+	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
+	flag.Float64Var(&b.freshRate, "fresh-rate", 0, "likes/s of the freshness run (default half the 1-row drain rate)")
+	flag.StringVar(&dataDir, "data-dir", os.TempDir(), "directory for the clusters (on the disk being measured)")
+	flag.StringVar(&rev, "rev", rev, "the walcount revision measured, for the report (default: this checkout's commit)")
+	flag.Parse()
+
+	b.rounds, b.warmup, b.measure, b.backlog = fullRounds, fullWarmup, fullMeasure, fullBacklog
+	b.freshWarmup, b.freshMeasure = fullFreshWarmup, fullFreshMeasure
+	if b.quick {
+		b.rounds, b.warmup, b.measure, b.backlog = quickRounds, quickWarmup, quickMeasure, quickBacklog
+		b.freshWarmup, b.freshMeasure = quickFreshWarmup, quickFreshMeasure
+	}
+	sections := map[string]bool{"write": true, "drain": true, "fresh": true}
+	if only != "" {
+		sections = map[string]bool{}
+		for _, s := range strings.Split(only, ",") {
+			s = strings.TrimSpace(s)
+			if !slices.Contains([]string{"write", "drain", "fresh"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain or fresh)\n", s)
+				return 2
+			}
+			sections[s] = true
+		}
+	}
+	if _, err := os.Stat(b.bin); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v (run make build first)\n", err)
+		return 2
+	}
+	// Clusters on disk: commits pay for fsync as in production. The
+	// servers package prefers a tmpfs otherwise.
+	if os.Getenv(servers.EnvTempDir) == "" {
+		os.Setenv(servers.EnvTempDir, dataDir)
+	}
+	tmp, err := os.MkdirTemp("", "walcount-bench-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	b.tmp = tmp
+	if b.profileDir != "" {
+		if err := os.MkdirAll(b.profileDir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
+	busy := startBusyMeter()
+	b.logf("walcount bench (%s) on %s", r.mode(), r.machine.summary())
+
+	if sections["write"] {
+		b.logf("1. app write path")
+		if r.write, err = runWritePath(ctx, b); err != nil {
+			return fail(err)
+		}
+	}
+	if sections["drain"] {
+		b.logf("2. drain of a %d-like backlog", b.backlog)
+		if r.drain, err = runDrain(ctx, b); err != nil {
+			return fail(err)
+		}
+	}
+	if sections["fresh"] {
+		for _, rate := range freshRates(b.freshRate, r.drain) {
+			b.logf("3. freshness at %.0f likes/s", rate)
+			fr, err := runFreshness(ctx, b, rate)
+			if err != nil {
+				return fail(err)
+			}
+			r.fresh = append(r.fresh, fr)
+		}
+	}
+	r.elapsed = time.Since(r.started)
+	r.busy = busy.String()
+
+	md := r.markdown()
+	fmt.Print(md)
+	if b.profileDir != "" {
+		b.logf("profile mode: results not written to %s", b.outDir)
+		return 0
+	}
+	if err := r.save(b.outDir); err != nil {
+		return fail(err)
+	}
+	b.logf("wrote %s", filepath.Join(b.outDir, r.latestName()+".md"))
+	return 0
+}
+
+// gitRevision returns the checkout's commit, with "+dirty" when tracked
+// files differ from it, or "" outside a git checkout.
+func gitRevision() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	rev := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		rev += "+dirty"
+	}
+	return rev
+}
+
+func fail(err error) int {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	return 1
+}
