@@ -179,7 +179,11 @@ func run() int {
 		}
 	}
 	if sections["fresh"] {
-		for _, rate := range freshRates(b.freshRate, r.drain) {
+		rates := freshRates(b.freshRate, r.drain)
+		if b.quick {
+			rates = rates[:1] // the moderate rate only in full runs
+		}
+		for _, rate := range rates {
 			b.logf("3. freshness at %.0f likes/s", rate)
 			fr, err := runFreshness(ctx, b, rate)
 			if err != nil {
