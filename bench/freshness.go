@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/demo"
 )
 
 // Freshness run.
@@ -136,8 +135,8 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 		return res, loadErr
 	}
 
-	win := demo.SubBuckets(lagBuckets(fams), lag0)
-	res.lagP50, res.lagP99 = demo.Quantile(0.5, win), demo.Quantile(0.99, win)
+	win := subBuckets(lagBuckets(fams), lag0)
+	res.lagP50, res.lagP99 = histQuantile(0.5, win), histQuantile(0.99, win)
 	res.lagBucketP99 = bucketBound(0.99, win)
 	res.probes = pr.lags()
 	res.likes = likes1 - likes0
@@ -177,7 +176,7 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 
 // bucketBound returns the upper bound of the bucket that holds the
 // q-quantile.
-func bucketBound(q float64, buckets []demo.Bucket) float64 {
+func bucketBound(q float64, buckets []bucket) float64 {
 	if len(buckets) == 0 {
 		return 0
 	}

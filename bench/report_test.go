@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/walcount/walcount/internal/demo"
 )
 
 func TestThousands(t *testing.T) {
@@ -49,7 +47,7 @@ func TestFreshRates(t *testing.T) {
 }
 
 func TestBucketBound(t *testing.T) {
-	b := []demo.Bucket{{UpperBound: 0.5, Count: 50}, {UpperBound: 1, Count: 98}, {UpperBound: 2, Count: 100}, {UpperBound: math.Inf(1), Count: 100}}
+	b := []bucket{{UpperBound: 0.5, Count: 50}, {UpperBound: 1, Count: 98}, {UpperBound: 2, Count: 100}, {UpperBound: math.Inf(1), Count: 100}}
 	if got := bucketBound(0.99, b); got != 2 {
 		t.Errorf("bucketBound(0.99) = %v, want 2", got)
 	}

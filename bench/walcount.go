@@ -19,8 +19,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-
-	"github.com/walcount/walcount/internal/demo"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat.
@@ -209,12 +207,12 @@ func metricValue(fams map[string]*dto.MetricFamily, name string) float64 {
 }
 
 // lagBuckets returns the apply-lag histogram's cumulative buckets.
-func lagBuckets(fams map[string]*dto.MetricFamily) []demo.Bucket {
+func lagBuckets(fams map[string]*dto.MetricFamily) []bucket {
 	f := fams["walcount_apply_lag_seconds"]
 	if f == nil || len(f.GetMetric()) == 0 {
 		return nil
 	}
-	return demo.Buckets(f.GetMetric()[0].GetHistogram())
+	return histBuckets(f.GetMetric()[0].GetHistogram())
 }
 
 // freePort asks the kernel for a free TCP port on 127.0.0.1.

@@ -97,8 +97,8 @@ type Result struct {
 	Rows int64
 	// Settle is how long the counts took to settle after the load stopped.
 	Settle time.Duration
-	// LagP50 and LagP99 are walcount_apply_lag_seconds quantiles over the
-	// whole run.
+	// LagP50 and LagP99 are apply-lag quantiles over the whole load, from
+	// every observation of walcount_apply_lag_seconds.
 	LagP50, LagP99 float64
 	// Mismatches lists the posts whose likes_count differs from COUNT(*),
 	// at most 20 of them; MismatchCount counts them all.
@@ -180,6 +180,8 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 		Schema, opt.Posts, Schema, Slot)
 
 	m := metrics.New()
+	lags := newLagRecorder(m.ApplyLag)
+	m.ApplyLag = lags
 	d, err := daemon.New(daemon.Options{Config: cfg, Metrics: m, Logger: opt.Logger})
 	if err != nil {
 		return res, err
@@ -203,8 +205,8 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 		cfg.FlushInterval, opt.Clients, opt.Duration)
 
 	lg := newLoad(db, opt.Posts)
-	lagStart := histogramBuckets(m.ApplyLag)
-	if err := runLoad(ctx, opt, lg, db, m, daemonDone); err != nil {
+	lagStart := time.Now()
+	if err := runLoad(ctx, opt, lg, db, m, lags, daemonDone); err != nil {
 		return res, err
 	}
 	res.Likes, res.Unlikes, res.Transactions = lg.likes.Load(), lg.unlikes.Load(), lg.txns.Load()
@@ -221,8 +223,7 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 		return res, err
 	}
 	res.Settle = time.Since(settleStart)
-	applied := SubBuckets(histogramBuckets(m.ApplyLag), lagStart)
-	res.LagP50, res.LagP99 = Quantile(0.5, applied), Quantile(0.99, applied)
+	res.LagP50, res.LagP99 = lags.quantiles(lagStart)
 
 	if err := verify(bg, db, &res); err != nil {
 		return res, err

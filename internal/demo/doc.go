@@ -11,8 +11,8 @@
 // makes counter caches hard.
 //
 // Once a second a view shows what the app does (likes/s) and what walcount
-// does (transactions/s, flushes, apply lag from the
-// walcount_apply_lag_seconds histogram, slot lag), and the hottest posts
+// does (transactions/s, flushes, apply lag p50 and p99 from every
+// observation of walcount_apply_lag_seconds, slot lag), and the hottest posts
 // with their likes_count next to COUNT(*): the gap between them is the
 // deltas still in flight, never drift. On a terminal the view redraws in
 // place; otherwise it is one plain line per second.

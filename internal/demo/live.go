@@ -13,7 +13,7 @@ import (
 
 // runLoad runs the app for opt.Duration (or until ctx is done) and draws
 // the view once a second.
-func runLoad(ctx context.Context, opt Options, lg *load, db *pgxpool.Pool, m *metrics.Metrics, daemonDone <-chan error) error {
+func runLoad(ctx context.Context, opt Options, lg *load, db *pgxpool.Pool, m *metrics.Metrics, lags *lagRecorder, daemonDone <-chan error) error {
 	lctx, stop := context.WithTimeout(ctx, opt.Duration)
 	defer stop()
 	loadDone := make(chan struct{})
@@ -24,7 +24,7 @@ func runLoad(ctx context.Context, opt Options, lg *load, db *pgxpool.Pool, m *me
 
 	v := &view{w: opt.Out, terminal: opt.Terminal}
 	defer v.done()
-	s := newSampler(lg, m)
+	s := newSampler(lg, m, lags)
 	start := time.Now()
 	var lastTop []PostCount
 	var lastRows int64
@@ -61,24 +61,18 @@ func runLoad(ctx context.Context, opt Options, lg *load, db *pgxpool.Pool, m *me
 type sampler struct {
 	lg   *load
 	m    *metrics.Metrics
+	lags *lagRecorder
 	last struct {
 		at                   time.Time
 		likes, unlikes, txns int64
 		walTxns              float64
 	}
-	lags []windowed // apply-lag buckets of the last lagWindow
 }
 
-type windowed struct {
-	at      time.Time
-	buckets []Bucket
-}
-
-func newSampler(lg *load, m *metrics.Metrics) *sampler {
-	s := &sampler{lg: lg, m: m}
+func newSampler(lg *load, m *metrics.Metrics, lags *lagRecorder) *sampler {
+	s := &sampler{lg: lg, m: m, lags: lags}
 	s.last.at = time.Now()
 	s.last.walTxns = counterValue(m.Transactions)
-	s.lags = []windowed{{at: s.last.at, buckets: histogramBuckets(m.ApplyLag)}}
 	return s
 }
 
@@ -98,14 +92,7 @@ func (s *sampler) frame(elapsed time.Duration) Frame {
 		Errors:        s.lg.errs.Load(),
 	}
 	s.last.at, s.last.likes, s.last.unlikes, s.last.txns, s.last.walTxns = now, likes, unlikes, txns, walTxns
-
-	cur := histogramBuckets(s.m.ApplyLag)
-	s.lags = append(s.lags, windowed{at: now, buckets: cur})
-	for len(s.lags) > 2 && now.Sub(s.lags[1].at) >= lagWindow {
-		s.lags = s.lags[1:]
-	}
-	win := SubBuckets(cur, s.lags[0].buckets)
-	f.LagP50, f.LagP99 = Quantile(0.5, win), Quantile(0.99, win)
+	f.LagP50, f.LagP99 = s.lags.quantiles(now.Add(-lagWindow))
 	return f
 }
 

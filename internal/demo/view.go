@@ -20,8 +20,10 @@ type Frame struct {
 	// walcount side.
 	TxnsPerSec float64 // transactions received from the slot, per second
 	Flushes    int64   // flushes committed so far
-	// LagP50 and LagP99 are walcount_apply_lag_seconds quantiles over the
-	// last lagWindow; NaN when nothing was applied in it.
+	// LagP50 and LagP99 are quantiles of the apply lag (source commit →
+	// the flush that applied it committed) over the last lagWindow, from
+	// every observation of walcount_apply_lag_seconds; NaN when nothing
+	// was applied in it.
 	LagP50, LagP99 float64
 	SlotLagBytes   float64
 	Top            []PostCount

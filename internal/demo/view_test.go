@@ -8,39 +8,6 @@ import (
 	"time"
 )
 
-func TestQuantile(t *testing.T) {
-	inf := math.Inf(1)
-	tests := []struct {
-		name    string
-		q       float64
-		buckets []Bucket
-		want    float64
-	}{
-		{"empty", 0.5, nil, math.NaN()},
-		{"no samples", 0.5, []Bucket{{1, 0}, {inf, 0}}, math.NaN()},
-		{"middle of first bucket", 0.5, []Bucket{{1, 10}, {2, 10}, {inf, 10}}, 0.5},
-		{"interpolated", 0.75, []Bucket{{1, 10}, {2, 20}, {inf, 20}}, 1.5},
-		{"empty bucket skipped", 0.99, []Bucket{{0.5, 50}, {1, 50}, {2, 100}, {inf, 100}}, 1.98},
-		{"in +Inf", 0.99, []Bucket{{1, 10}, {inf, 20}}, 1},
-		{"all in +Inf", 0.5, []Bucket{{inf, 5}}, math.NaN()},
-	}
-	for _, tt := range tests {
-		got := Quantile(tt.q, tt.buckets)
-		if math.IsNaN(tt.want) != math.IsNaN(got) || (!math.IsNaN(got) && math.Abs(got-tt.want) > 1e-9) {
-			t.Errorf("%s: Quantile(%v) = %v, want %v", tt.name, tt.q, got, tt.want)
-		}
-	}
-}
-
-func TestSubBuckets(t *testing.T) {
-	inf := math.Inf(1)
-	got := SubBuckets([]Bucket{{1, 5}, {inf, 9}}, []Bucket{{1, 2}, {inf, 3}})
-	want := []Bucket{{1, 3}, {inf, 6}}
-	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
-		t.Errorf("SubBuckets = %v, want %v", got, want)
-	}
-}
-
 func TestNum(t *testing.T) {
 	for in, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4200: "-4,200", 12.6: "13"} {
 		if got := num(in); got != want {
