@@ -21,8 +21,8 @@ const (
 	// before they are written to Redis.
 	DefaultMaxPendingKeys = 50_000
 	// DefaultMaxPendingAge caps how long committed deltas wait in memory
-	// while the input keeps coming.
-	DefaultMaxPendingAge = 50 * time.Millisecond
+	// before they are written to Redis.
+	DefaultMaxPendingAge = 25 * time.Millisecond
 )
 
 // Buffer is the part of the Redis buffer the aggregator writes.
@@ -128,33 +128,47 @@ func (a *Aggregator) Position() cdc.LSN { return a.prev }
 // Run consumes batches until in is closed, then writes what is pending,
 // or until ctx is done, then returns at once. release, if not nil, gets every consumed batch back.
 func (a *Aggregator) Run(ctx context.Context, in <-chan *cdc.Batch, release func(*cdc.Batch)) error {
+	// The pending batch goes to Redis once it is MaxPendingAge old or
+	// MaxPendingKeys big, not after every transaction: at a few thousand
+	// single-row transactions a second, one script call per transaction
+	// would cost more CPU than everything else walcount does. The age
+	// bound adds at most MaxPendingAge to the flush interval.
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	armed := false
 	for {
-		var b *cdc.Batch
-		var ok bool
 		select {
-		case b, ok = <-in:
+		case b, ok := <-in:
+			if !ok {
+				return a.writePending(ctx)
+			}
+			if err := a.Process(ctx, b.Events); err != nil {
+				return err
+			}
+			if release != nil {
+				release(b)
+			}
+		case <-timer.C:
+			armed = false
 		case <-ctx.Done():
 			// Stopped from outside: the session is being torn down
 			// after an error, so write nothing more. A clean shutdown
 			// closes in instead.
 			return nil
 		}
-		if !ok {
-			return a.writePending(ctx)
+		if a.pendingTxns == 0 {
+			continue
 		}
-		if err := a.Process(ctx, b.Events); err != nil {
-			return err
-		}
-		if release != nil {
-			release(b)
-		}
-		// Write when the input is drained, so a quiet stream is fresh,
-		// or when the pending batch is big or old enough under load.
-		if len(in) == 0 || a.pending.size() >= a.opt.MaxPendingKeys ||
-			(a.pendingTxns > 0 && time.Since(a.pendingSince) >= a.opt.MaxPendingAge) {
+		age := time.Since(a.pendingSince)
+		if a.pending.size() >= a.opt.MaxPendingKeys || age >= a.opt.MaxPendingAge {
 			if err := a.writePending(ctx); err != nil {
 				return err
 			}
+			continue
+		}
+		if !armed {
+			timer.Reset(a.opt.MaxPendingAge - age)
+			armed = true
 		}
 	}
 }

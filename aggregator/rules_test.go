@@ -5,7 +5,9 @@ import (
 	"errors"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/config"
@@ -457,5 +459,40 @@ func TestNumericSumErrors(t *testing.T) {
 		if !strings.Contains(err.Error(), `ALTER TABLE public.likes ALTER COLUMN "weight" TYPE numeric(12,2)`) {
 			t.Errorf("error does not say how to fix it: %v", err)
 		}
+	}
+}
+
+// countingBuffer counts Apply calls.
+type countingBuffer struct{ calls atomic.Int64 }
+
+func (c *countingBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []redisbuf.Delta) (bool, error) {
+	c.calls.Add(1)
+	return true, nil
+}
+
+// TestRunCoalescesSingleRowTransactions feeds transactions one batch at a
+// time, as a live stream does: they reach Redis in few calls, and all of
+// them within MaxPendingAge.
+func TestRunCoalescesSingleRowTransactions(t *testing.T) {
+	buf := &countingBuffer{}
+	a := New(Options{Counters: []config.Counter{countAll}, Buffer: buf, MaxPendingAge: 200 * time.Millisecond})
+	in := make(chan *cdc.Batch)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background(), in, nil) }()
+	for i := 0; i < 100; i++ {
+		lsn := cdc.LSN(0x100 + 0x10*i)
+		in <- &cdc.Batch{Events: txn(uint32(i), lsn, lsn+8, ins("1"))}
+	}
+	// Nothing more arrives: the age bound alone must write the batch.
+	deadline := time.Now().Add(10 * time.Second)
+	for buf.calls.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(in)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := buf.calls.Load(); n == 0 || n > 10 || a.Position() != 0x100+0x10*99+8 {
+		t.Fatalf("%d Redis writes up to %s for 100 single-row transactions fed one by one; want a few coalesced ones covering all", n, a.Position())
 	}
 }
