@@ -29,6 +29,9 @@ const (
 	// DefaultBatchEvents is how many events a batch holds before it is
 	// handed over even if its transaction is still open.
 	DefaultBatchEvents = 4096
+	// handOverLinger is how long a batch ending in a COMMIT waits for
+	// more messages before it is handed over.
+	handOverLinger = time.Millisecond
 )
 
 var (
@@ -249,6 +252,16 @@ func (s *Stream) Run(ctx context.Context) error {
 	batch := s.newBatch()
 	sentAck := LSN(0)
 	nextStatus := time.Now()
+	// Receives use the socket's read deadline, not a context per
+	// message: a context costs an allocation and a watcher goroutine
+	// hand-off per message, which was a fifth of walcount's CPU. A
+	// cancelled ctx expires the deadline at once; a timeout leaves the
+	// connection usable and a partly read message resumes.
+	nc := s.conn.Conn()
+	stopWatch := context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
+	defer stopWatch()
+	defer func() { _ = nc.SetReadDeadline(time.Time{}) }()
+	var deadline time.Time
 	for {
 		if ctx.Err() != nil {
 			_ = s.sendStatus(false)
@@ -262,13 +275,25 @@ func (s *Stream) Run(ctx context.Context) error {
 			sentAck = acked
 			nextStatus = now.Add(s.cfg.StatusInterval)
 		}
-		deadline := now.Add(s.cfg.ReceiveTimeout)
-		if nextStatus.Before(deadline) {
-			deadline = nextStatus
+		want := now.Add(s.cfg.ReceiveTimeout)
+		if nextStatus.Before(want) {
+			want = nextStatus
 		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		msg, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		if n := len(batch.Events); n > 0 && batch.Events[n-1].Kind == KindCommit {
+			// A finished transaction waits at most a millisecond for
+			// more to join its batch: under load batches fill up, a
+			// lone transaction goes on at once.
+			want = now.Add(handOverLinger)
+		}
+		// Setting a deadline is cheap but not free: keep one until it
+		// passes or a nearer one is wanted.
+		if !now.Before(deadline) || want.Before(deadline) {
+			deadline = want
+			if err := nc.SetReadDeadline(deadline); err != nil {
+				return fmt.Errorf("set receive deadline: %w", err)
+			}
+		}
+		msg, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				continue // the loop head sends the final update
@@ -329,10 +354,7 @@ func (s *Stream) Run(ctx context.Context) error {
 				if s.cfg.Observer != nil {
 					s.cfg.Observer.Received(end)
 				}
-				n := len(batch.Events)
-				if n >= s.cfg.BatchEvents || (n > 0 && batch.Events[n-1].Kind == KindCommit && len(s.out) == 0) {
-					// Hand over on commit only when the consumer is
-					// idle; otherwise keep filling to amortise sends.
+				if len(batch.Events) >= s.cfg.BatchEvents {
 					if batch, err = s.handOver(ctx, batch); err != nil {
 						return err
 					}

@@ -52,8 +52,9 @@ var WALStatuses = []string{WALStatusReserved, WALStatusExtended, WALStatusUnrese
 // Histogram buckets, in seconds.
 var (
 	// ApplyLagBuckets span 10 ms (a flush right after the commit) to 60 s
-	// (a stalled sink); the default flush interval of 1 s sits in the middle.
-	ApplyLagBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60}
+	// (a stalled sink), finer around the default flush interval of 1 s so
+	// that a p99 target such as "flush interval + 250 ms" can be read off.
+	ApplyLagBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 30, 60}
 	// FlushDurationBuckets span 1 ms (a handful of keys) to 10 s (a large
 	// backlog, or a lock wait on a hot row).
 	FlushDurationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
