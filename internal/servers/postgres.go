@@ -254,29 +254,12 @@ func (p *Postgres) Start(ctx context.Context) error {
 	}
 
 	began := time.Now()
-	pickPort := p.port == 0
-	for attempt := 1; ; attempt++ {
-		if pickPort {
-			port, err := freePort()
-			if err != nil {
-				return fmt.Errorf("start postgres: %w", err)
-			}
-			p.port = port
-		}
-		err := p.startOnce(ctx)
-		if err == nil {
-			p.logger.Info("postgres started", zap.Int(logKeyPort, p.port),
-				zap.String(logKeyDir, p.base), zap.Duration(logKeyTook, time.Since(began)))
-			return nil
-		}
-		if !pickPort || !errors.Is(err, errPortInUse) || attempt == portAttempts {
-			if pickPort {
-				p.port = 0
-			}
-			return fmt.Errorf("start postgres: %w", err)
-		}
-		p.logger.Debug("postgres port taken, retrying", zap.Int(logKeyPort, p.port))
+	if err := retryPort(ctx, &p.port, "postgres", p.logger, p.startOnce); err != nil {
+		return fmt.Errorf("start postgres: %w", err)
 	}
+	p.logger.Info("postgres started", zap.Int(logKeyPort, p.port),
+		zap.String(logKeyDir, p.base), zap.Duration(logKeyTook, time.Since(began)))
+	return nil
 }
 
 // startOnce runs the postmaster on p.port and waits for it to be ready. On

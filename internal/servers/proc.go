@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"go.uber.org/zap"
 )
 
 // serverUser is the OS user that PostgreSQL runs as when the Go process is
@@ -245,4 +247,32 @@ func fileSize(path string) int64 {
 		return 0
 	}
 	return fi.Size()
+}
+
+// retryPort runs startOnce on *port. A zero *port means any free port: one
+// is picked, and picked again when another process takes it before the
+// server binds it (up to portAttempts times); on failure *port is zero
+// again. A fixed port is tried once.
+func retryPort(ctx context.Context, port *int, name string, log *zap.Logger, startOnce func(context.Context) error) error {
+	pickPort := *port == 0
+	for attempt := 1; ; attempt++ {
+		if pickPort {
+			p, err := freePort()
+			if err != nil {
+				return err
+			}
+			*port = p
+		}
+		err := startOnce(ctx)
+		if err == nil {
+			return nil
+		}
+		if !pickPort || !errors.Is(err, errPortInUse) || attempt == portAttempts {
+			if pickPort {
+				*port = 0
+			}
+			return err
+		}
+		log.Debug(name+" port taken, retrying", zap.Int(logKeyPort, *port))
+	}
 }

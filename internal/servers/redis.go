@@ -3,7 +3,6 @@ package servers
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -79,28 +78,11 @@ func (r *Redis) Start(ctx context.Context) error {
 		defer cancel()
 	}
 	began := time.Now()
-	pickPort := r.port == 0
-	for attempt := 1; ; attempt++ {
-		if pickPort {
-			port, err := freePort()
-			if err != nil {
-				return fmt.Errorf("start redis: %w", err)
-			}
-			r.port = port
-		}
-		err := r.startOnce(ctx)
-		if err == nil {
-			r.logger.Info("redis started", zap.Int(logKeyPort, r.port), zap.Duration(logKeyTook, time.Since(began)))
-			return nil
-		}
-		if !pickPort || !errors.Is(err, errPortInUse) || attempt == portAttempts {
-			if pickPort {
-				r.port = 0
-			}
-			return fmt.Errorf("start redis: %w", err)
-		}
-		r.logger.Debug("redis port taken, retrying", zap.Int(logKeyPort, r.port))
+	if err := retryPort(ctx, &r.port, "redis", r.logger, r.startOnce); err != nil {
+		return fmt.Errorf("start redis: %w", err)
 	}
+	r.logger.Info("redis started", zap.Int(logKeyPort, r.port), zap.Duration(logKeyTook, time.Since(began)))
+	return nil
 }
 
 // startOnce runs redis-server on r.port and waits for PONG.
