@@ -30,8 +30,15 @@ const (
 	// handed over even if its transaction is still open.
 	DefaultBatchEvents = 4096
 	// handOverLinger is how long a batch ending in a COMMIT waits for
-	// more messages before it is handed over.
+	// more messages before it is handed over, when the stream cannot
+	// coalesce reads.
 	handOverLinger = time.Millisecond
+	// DefaultCoalesceWindow is how long the stream lets WAL data gather
+	// in the socket while it streams in: see StreamConfig.CoalesceWindow.
+	DefaultCoalesceWindow = 5 * time.Millisecond
+	// coalesceLowWater is the SO_RCVLOWAT used while coalescing: the
+	// reader wakes when this much is queued or the window ends.
+	coalesceLowWater = 64 << 10
 )
 
 var (
@@ -58,6 +65,15 @@ type StreamConfig struct {
 	QueueSize int
 	// BatchEvents: default DefaultBatchEvents.
 	BatchEvents int
+	// CoalesceWindow: while data streams in, the stream sets the TCP
+	// socket's SO_RCVLOWAT and wakes when 64 KiB are queued or this
+	// window ends, instead of once per message. The walsender sends
+	// every pgoutput message with its own send(), so at thousands of
+	// transactions per second waking per message cost walcount and the
+	// walsender more CPU than decoding and counting (issue 5). The cost
+	// is up to one window of added latency. Default
+	// DefaultCoalesceWindow; negative reads every message as it arrives.
+	CoalesceWindow time.Duration
 	// Observer receives progress callbacks; nil ignores them.
 	Observer Observer
 	// Logger: nil means no logging.
@@ -82,9 +98,8 @@ type Stream struct {
 	out  chan *Batch
 	pool sync.Pool
 
-	ack     atomic.Uint64 // W: the position to confirm
-	ackWake chan struct{}
-	recv    atomic.Uint64 // highest WAL position received
+	ack  atomic.Uint64 // W: the position to confirm
+	recv atomic.Uint64 // highest WAL position received
 
 	// Owned by Run (and by Close after Run returned).
 	inTxn      bool // a BEGIN was decoded without its COMMIT
@@ -108,6 +123,9 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	}
 	if cfg.BatchEvents <= 0 {
 		cfg.BatchEvents = DefaultBatchEvents
+	}
+	if cfg.CoalesceWindow == 0 {
+		cfg.CoalesceWindow = DefaultCoalesceWindow
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -143,11 +161,10 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 		return nil, fmt.Errorf("start replication on slot %q: %w", cfg.Slot, err)
 	}
 	s := &Stream{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		conn:    conn,
-		out:     make(chan *Batch, cfg.QueueSize),
-		ackWake: make(chan struct{}, 1),
+		cfg:  cfg,
+		log:  cfg.Logger,
+		conn: conn,
+		out:  make(chan *Batch, cfg.QueueSize),
 	}
 	s.ack.Store(uint64(cfg.StartLSN))
 	s.recv.Store(uint64(cfg.StartLSN))
@@ -174,12 +191,8 @@ func (s *Stream) Ack(lsn LSN) {
 			return
 		}
 		if s.ack.CompareAndSwap(cur, uint64(lsn)) {
-			break
+			return
 		}
-	}
-	select {
-	case s.ackWake <- struct{}{}:
-	default:
 	}
 }
 
@@ -261,9 +274,41 @@ func (s *Stream) Run(ctx context.Context) error {
 	stopWatch := context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
 	defer stopWatch()
 	defer func() { _ = nc.SetReadDeadline(time.Time{}) }()
+	// Coalescing (see StreamConfig.CoalesceWindow): it starts with the
+	// first WAL data after a quiet spell and ends after a window in which
+	// nothing arrived, so an idle stream sleeps until the next message.
+	canCoalesce := s.cfg.CoalesceWindow > 0 && setReceiveLowWater(nc, 1)
+	coalescing := false
+	var windowEnd time.Time // while coalescing: when the current window ends
+	windowMsgs := 0         // messages received in the current window
+	setCoalescing := func(on bool) {
+		lowat := 1
+		if on {
+			lowat = coalesceLowWater
+		}
+		if !setReceiveLowWater(nc, lowat) {
+			canCoalesce, on = false, false
+		}
+		coalescing = on
+	}
+	defer func() {
+		if coalescing {
+			setCoalescing(false) // Close reads the end of the stream
+		}
+	}()
 	var deadline time.Time
 	for {
 		if ctx.Err() != nil {
+			// What was received goes to the consumer, which drains the
+			// queue on a clean stop, so a shutdown flushes it. A full
+			// queue means a consumer far behind: the rest is replayed
+			// from W at the next start.
+			if len(batch.Events) > 0 {
+				select {
+				case s.out <- batch:
+				default:
+				}
+			}
 			_ = s.sendStatus(false)
 			return nil
 		}
@@ -279,7 +324,11 @@ func (s *Stream) Run(ctx context.Context) error {
 		if nextStatus.Before(want) {
 			want = nextStatus
 		}
-		if n := len(batch.Events); n > 0 && batch.Events[n-1].Kind == KindCommit {
+		if coalescing {
+			if windowEnd.Before(want) {
+				want = windowEnd
+			}
+		} else if n := len(batch.Events); n > 0 && batch.Events[n-1].Kind == KindCommit {
 			// A finished transaction waits at most a millisecond for
 			// more to join its batch: under load batches fill up, a
 			// lone transaction goes on at once.
@@ -299,16 +348,35 @@ func (s *Stream) Run(ctx context.Context) error {
 				continue // the loop head sends the final update
 			}
 			if pgconn.Timeout(err) {
-				// Nothing arrived in time: hand over what is decoded so
-				// the consumer is not starved by a half-full batch.
+				// Nothing (more) arrived in time: hand over what is
+				// decoded so the consumer is not starved by a half-full
+				// batch.
 				if len(batch.Events) > 0 {
 					if batch, err = s.handOver(ctx, batch); err != nil {
 						return err
 					}
 				}
+				if coalescing {
+					if now := time.Now(); !now.Before(windowEnd) {
+						// Every read tries the socket before it waits,
+						// so a window without messages was a quiet one.
+						if windowMsgs == 0 {
+							setCoalescing(false)
+						}
+						windowMsgs = 0
+						windowEnd = now.Add(s.cfg.CoalesceWindow)
+					}
+				}
 				continue
 			}
 			return fmt.Errorf("receive replication message: %w", err)
+		}
+		if canCoalesce {
+			windowMsgs++
+			if !coalescing {
+				setCoalescing(true)
+				windowMsgs, windowEnd = 0, time.Now().Add(s.cfg.CoalesceWindow)
+			}
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
@@ -323,7 +391,7 @@ func (s *Stream) Run(ctx context.Context) error {
 				}
 				s.idleEnd = ka.ServerWALEnd
 				if ka.ReplyRequested {
-					if err := s.sendStatus(false); err != nil {
+					if err := s.sendStatus(true); err != nil {
 						return err
 					}
 					sentAck = s.Acked()
@@ -410,16 +478,22 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 // position; flush and apply are W, set explicitly because pglogrepl copies
 // the write position into a zero flush field (DESIGN §2 rule 3).
 //
-// One refinement of rule 3: when the server's last keepalive said it has
-// sent everything up to some position, no data followed it, no
-// transaction is open and W covers the last COMMIT received, then the WAL
-// between W and that position holds nothing for walcount, and the flush
-// position is that position. Without it, PostgreSQL's fast shutdown,
-// which waits for the walsender's client to confirm all WAL sent, would
-// wait forever for a walcount that only ever confirms W.
-func (s *Stream) sendStatus(replyRequested bool) error {
+// One refinement of rule 3, only in the answer to a keepalive that asks
+// for a reply (answer): when that keepalive said the server has sent
+// everything up to some position, no data followed it, no transaction is
+// open and W covers the last COMMIT received, then the WAL between W and
+// that position holds nothing for walcount, and the flush position is
+// that position. Without it, PostgreSQL's fast shutdown, which waits for
+// the walsender's client to confirm all WAL sent (and asks for replies
+// until it does), would wait forever for a walcount that only ever
+// confirms W. Only then: a slot confirmed past the checkpoint is what
+// `walcount check` reports as changes that were never counted, so the
+// routine updates (every status interval, on every new W and at Close)
+// confirm W alone, and the servers' regular keepalives never ask for a
+// reply from a client that sends those updates.
+func (s *Stream) sendStatus(answer bool) error {
 	w := s.Acked()
-	if s.idleEnd > w && !s.inTxn && w >= s.lastCommit {
+	if answer && s.idleEnd > w && !s.inTxn && w >= s.lastCommit {
 		w = s.idleEnd
 	}
 	w = max(w, s.confirmed)
@@ -437,7 +511,6 @@ func (s *Stream) sendStatus(replyRequested bool) error {
 		WALWritePosition: recv,
 		WALFlushPosition: w,
 		WALApplyPosition: w,
-		ReplyRequested:   replyRequested,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status update: %w", err)

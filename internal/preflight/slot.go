@@ -125,7 +125,7 @@ SELECT EXISTS (SELECT 1 FROM t),
 		c, errC := pglogrepl.ParseLSN(*r.slot.confirmedLSN)
 		if errW == nil && errC == nil && w < c {
 			r.warn(CheckCheckpoint,
-				fmt.Sprintf("checkpoint %s of slot %s is behind the slot's confirmed position %s: changes in between were never counted", w, r.cfg.Slot, c),
+				fmt.Sprintf("checkpoint %s of slot %s is behind the slot's confirmed position %s: if the slot was advanced by hand, changes in between were never counted (walcount itself confirms past its checkpoint only to let PostgreSQL shut down while nothing was streaming, which loses nothing)", w, r.cfg.Slot, c),
 				"walcount reconcile")
 			return nil
 		}
