@@ -71,6 +71,7 @@ var configHeads = map[string]string{
 	"b": "(b) insert + walcount",
 	"c": "(c) counter_cache",
 	"d": "(d) AFTER INSERT trigger",
+	"e": "(e) insert + pg_recvlogical",
 }
 
 func (r *results) markdown() string {
@@ -97,6 +98,7 @@ func (r *results) markdown() string {
 	}
 	r.amplificationSection(&b)
 	r.costSection(&b)
+	r.readerSection(&b)
 	r.targetsSection(&b)
 	return b.String()
 }
@@ -104,9 +106,16 @@ func (r *results) markdown() string {
 func (r *results) writeSection(b *strings.Builder) {
 	w := r.write
 	fmt.Fprintf(b, "## 1. App write path\n\n")
-	fmt.Fprintf(b, "Likes per second (ratio to (a)); each client on its own connection, one like per transaction, closed loop.\n\n")
-	fmt.Fprintf(b, "| workload | clients | %s | %s | %s | %s |\n|---|--:|--:|--:|--:|--:|\n",
-		configHeads["a"], configHeads["b"], configHeads["c"], configHeads["d"])
+	fmt.Fprintf(b, "Likes per second (ratio to (a)); each client on its own connection, one like per transaction, closed loop. "+
+		"(e) keeps no count: PostgreSQL's own client, pg_recvlogical, reads the same slot and publication and writes to /dev/null, "+
+		"which is what any pgoutput reader costs the database.\n\n")
+	heads, keys, aligns := "", "", ""
+	for _, cfg := range appConfigs {
+		heads += " " + configHeads[cfg.key] + " |"
+		keys += " (" + cfg.key + ") |"
+		aligns += "--:|"
+	}
+	fmt.Fprintf(b, "| workload | clients |%s\n|---|--:|%s\n", heads, aligns)
 	for _, wl := range workloads {
 		for _, n := range clientCountsOf(w) {
 			base, _ := w.cell("a", wl.name, n)
@@ -126,7 +135,7 @@ func (r *results) writeSection(b *strings.Builder) {
 		}
 	}
 	fmt.Fprintf(b, "\nLatency of one like, p50 / p99 in ms:\n\n")
-	fmt.Fprintf(b, "| workload | clients | (a) | (b) | (c) | (d) |\n|---|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(b, "| workload | clients |%s\n|---|--:|%s\n", keys, aligns)
 	for _, wl := range workloads {
 		for _, n := range clientCountsOf(w) {
 			fmt.Fprintf(b, "| %s | %d |", wl.name, n)
@@ -303,6 +312,33 @@ func (r *results) costSection(b *strings.Builder) {
 	b.WriteString("\n")
 }
 
+// readerSection compares what the slot's reader costs during the write
+// path, walcount (b) against pg_recvlogical (e): the walsender's CPU
+// (decoding and sending, inside PostgreSQL) and the reader's own.
+func (r *results) readerSection(b *strings.Builder) {
+	if r.write == nil {
+		return
+	}
+	var rows []string
+	for _, wl := range workloads {
+		for _, k := range []string{"b", "e"} {
+			t, ok := r.write.total(k, wl.name)
+			if !ok || t.likes == 0 {
+				continue
+			}
+			per := func(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()/float64(t.likes)*1e6) }
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s |", wl.name, configHeads[k], thousands(float64(t.likes)), per(t.sender), per(t.cost.cpu)))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "## 6. What reading the slot costs\n\n")
+	fmt.Fprintf(b, "CPU seconds per 1M likes over all of section 1's steps (the readers idle while other configurations run): "+
+		"the walsender that decodes and sends the WAL, inside PostgreSQL, and the process that reads it.\n\n")
+	fmt.Fprintf(b, "| workload | reader | likes | walsender CPU per 1M likes | reader CPU per 1M likes |\n|---|---|--:|--:|--:|\n%s\n\n", strings.Join(rows, "\n"))
+}
+
 func (r *results) targetsSection(b *strings.Builder) {
 	var lines []string
 	if r.write != nil {
@@ -311,6 +347,9 @@ func (r *results) targetsSection(b *strings.Builder) {
 		if okA && okB {
 			q := bb.res.tps() / a.res.tps()
 			lines = append(lines, fmt.Sprintf("- (b) ≥ 0.9 × (a) on the hot post at 32 clients: %s (%.2f×)", yesNo(q >= 0.9), q))
+			if e, ok := r.write.cell("e", workloads[0].name, 32); ok {
+				lines = append(lines, fmt.Sprintf("  - for reference, (e) pg_recvlogical on the same slot: %.2f× (a)", e.res.tps()/a.res.tps()))
+			}
 		}
 	}
 	for _, d := range r.drain {

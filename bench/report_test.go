@@ -79,7 +79,7 @@ func fakeResults() *results {
 		}
 		for _, cfg := range appConfigs {
 			w.totals = append(w.totals, writeTotals{config: cfg.key, workload: wl.name, likes: 100_000, updates: 100_000, exact: cfg.counts,
-				cost: usage{cpu: time.Second, peakRSS: 30 << 20}})
+				cost: usage{cpu: time.Second, peakRSS: 30 << 20}, sender: 2 * time.Second})
 		}
 	}
 	return &results{
@@ -96,7 +96,7 @@ func fakeResults() *results {
 func TestMarkdownHasEverySection(t *testing.T) {
 	md := fakeResults().markdown()
 	for _, want := range []string{"## 1. App write path", "## 2. Drain", "## 3. Freshness", "## 4. Write amplification",
-		"## 5. Daemon cost", "## Targets", "walcount abc1234", "| hot post | 32 | 32,000 | 16,000 (0.50×) |"} {
+		"## 5. Daemon cost", "## 6. What reading the slot costs", "(e) pg_recvlogical on the same slot", "## Targets", "walcount abc1234", "| hot post | 32 | 32,000 | 16,000 (0.50×) |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q", want)
 		}
@@ -118,9 +118,9 @@ func TestSVGIsWellFormed(t *testing.T) {
 			bars++
 		}
 	}
-	// Background, 4 legend swatches, 2 workloads × 3 client counts × 4
-	// configurations.
-	if want := 1 + 4 + 24; bars != want {
+	// Background, a legend swatch per configuration, 2 workloads × 3
+	// client counts × the configurations.
+	if want := 1 + len(appConfigs) + 2*3*len(appConfigs); bars != want {
 		t.Errorf("%d rects, want %d", bars, want)
 	}
 }

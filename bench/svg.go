@@ -11,7 +11,7 @@ import (
 const (
 	svgWidth   = 960
 	svgHeight  = 440
-	svgTop     = 78 // room for the title and legend
+	svgTop     = 96 // room for the title and two rows of legend
 	svgBottom  = 56 // room for the x labels
 	svgLeft    = 64 // room for the y labels
 	svgRight   = 16
@@ -19,8 +19,8 @@ const (
 	groupInner = 0.8 // share of a group's width taken by its bars
 )
 
-// barColors are the configurations' colours, a to d.
-var barColors = map[string]string{"a": "#7f8c8d", "b": "#2e86de", "c": "#e67e22", "d": "#c0392b"}
+// barColors are the configurations' colours, a to e.
+var barColors = map[string]string{"a": "#7f8c8d", "b": "#2e86de", "c": "#e67e22", "d": "#c0392b", "e": "#27ae60"}
 
 // svg draws likes/s per configuration and client count: one panel per
 // workload, one group of bars per client count. Hand-written SVG, no
@@ -42,12 +42,16 @@ func (r *results) svg() string {
 	fmt.Fprintf(&b, `<text x="%d" y="42" fill="#555">%s, %s. synchronous_commit=on, fsync on.</text>`+"\n",
 		svgLeft, html.EscapeString(r.started.Format("2006-01-02")), html.EscapeString(fmt.Sprintf("%d CPUs, %s", r.machine.cpus, r.machine.postgres)))
 	// Legend.
-	x := svgLeft
+	x, y := svgLeft, 54
 	for _, cfg := range appConfigs {
-		fmt.Fprintf(&b, `<rect x="%d" y="54" width="12" height="12" fill="%s"/>`, x, barColors[cfg.key])
 		label := configHeads[cfg.key]
-		fmt.Fprintf(&b, `<text x="%d" y="65">%s</text>`+"\n", x+16, html.EscapeString(label))
-		x += 22 + 7*len(label)
+		w := 22 + 7*len(label)
+		if x > svgLeft && x+w > svgWidth-svgRight {
+			x, y = svgLeft, y+18
+		}
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`, x, y, barColors[cfg.key])
+		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", x+16, y+11, html.EscapeString(label))
+		x += w
 	}
 
 	plotH := float64(svgHeight - svgTop - svgBottom)

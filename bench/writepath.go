@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/walcount/walcount/internal/config"
 )
 
 // appConfig is one way of keeping likes_count, as the app sees it.
@@ -13,7 +15,10 @@ type appConfig struct {
 	style style
 	// walcount runs the daemon (and so has a slot and a walsender).
 	walcount bool
-	trigger  bool
+	// recvlogical runs pg_recvlogical on the same slot and publication
+	// instead: the cost of any pgoutput reader, with nothing counted.
+	recvlogical bool
+	trigger     bool
 	// counts says whether likes_count is maintained (and verified).
 	counts bool
 }
@@ -23,6 +28,7 @@ var appConfigs = []appConfig{
 	{key: "b", name: "insert + walcount", style: styleInsert, walcount: true, counts: true},
 	{key: "c", name: "counter_cache (INSERT + UPDATE in one txn)", style: styleCounterCache, counts: true},
 	{key: "d", name: "AFTER INSERT trigger", style: styleInsert, trigger: true, counts: true},
+	{key: "e", name: "insert + pg_recvlogical (reference reader)", style: styleInsert, recvlogical: true},
 }
 
 // writeCell is one closed-loop measurement.
@@ -37,9 +43,10 @@ type writeCell struct {
 type writeTotals struct {
 	config   string
 	workload string
-	likes    int64 // rows in likes at the end
-	updates  int64 // n_tup_upd of posts
-	cost     usage // walcount's, for b
+	likes    int64         // rows in likes at the end
+	updates  int64         // n_tup_upd of posts
+	cost     usage         // the slot's reader's: walcount for b, pg_recvlogical for e
+	sender   time.Duration // CPU time of the walsender serving b or e
 	exact    bool
 }
 
@@ -85,7 +92,8 @@ func runWritePath(ctx context.Context, b *bench) (*writeResults, error) {
 type writeTarget struct {
 	cfg appConfig
 	c   *cluster
-	wc  *walcountProc // for b
+	wc  *walcountProc    // for b
+	rl  *recvlogicalProc // for e
 }
 
 func runWriteWorkload(ctx context.Context, b *bench, w workload, out *writeResults) error {
@@ -94,6 +102,9 @@ func runWriteWorkload(ctx context.Context, b *bench, w workload, out *writeResul
 		for _, t := range targets {
 			if t.wc != nil {
 				_ = t.wc.stop()
+			}
+			if t.rl != nil {
+				_ = t.rl.stop()
 			}
 			t.c.close()
 		}
@@ -120,10 +131,15 @@ func runWriteWorkload(ctx context.Context, b *bench, w workload, out *writeResul
 					return fmt.Errorf("(%s) %d clients: %w", t.cfg.key, n, err)
 				}
 				pooled[k] = pooled[k].merge(res)
+				// The next step starts without a backlog.
 				if t.wc != nil {
-					// The next round starts without a backlog.
 					if err := t.c.caughtUp(ctx, 2*time.Minute); err != nil {
 						return fmt.Errorf("(b) catch up: %w; walcount: %v", err, t.wc.alive())
+					}
+				}
+				if t.rl != nil {
+					if err := t.c.sentPast(ctx, 2*time.Minute); err != nil {
+						return fmt.Errorf("(e) catch up: %w; pg_recvlogical: %v", err, t.rl.alive())
 					}
 				}
 			}
@@ -147,18 +163,28 @@ func runWriteWorkload(ctx context.Context, b *bench, w workload, out *writeResul
 }
 
 // prepare installs the configuration: the trigger for d, setup and a
-// running walcount for b.
+// running walcount for b, setup and a running pg_recvlogical for e.
 func (t *writeTarget) prepare(ctx context.Context, b *bench) error {
 	if t.cfg.trigger {
 		if _, err := t.c.db.Exec(ctx, triggerSQL); err != nil {
 			return fmt.Errorf("create trigger: %w", err)
 		}
 	}
-	if !t.cfg.walcount {
+	if !t.cfg.walcount && !t.cfg.recvlogical {
 		return nil
 	}
 	if err := t.c.setup(ctx); err != nil {
 		return fmt.Errorf("walcount setup: %w", err)
+	}
+	if t.cfg.recvlogical {
+		rl, err := startRecvlogical(b.tmp, t.c)
+		if err != nil {
+			return err
+		}
+		t.rl = rl
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		return rl.waitStreaming(sctx, t.c)
 	}
 	wc, err := startWalcount(b.bin, b.tmp, t.c)
 	if err != nil {
@@ -174,6 +200,21 @@ func (t *writeTarget) prepare(ctx context.Context, b *bench) error {
 func (t *writeTarget) finish(ctx context.Context) (writeTotals, error) {
 	tot := writeTotals{config: t.cfg.key}
 	var err error
+	if t.wc != nil || t.rl != nil {
+		if tot.sender, err = t.c.senderCPU(ctx, config.DefaultSlot); err != nil {
+			return tot, err
+		}
+	}
+	if t.rl != nil {
+		if tot.cost, err = t.rl.usage(); err != nil {
+			return tot, err
+		}
+		err = t.rl.stop()
+		t.rl = nil
+		if err != nil {
+			return tot, err
+		}
+	}
 	if t.wc != nil {
 		if tot.cost, err = t.wc.usage(); err != nil {
 			return tot, err
