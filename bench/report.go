@@ -327,7 +327,11 @@ func (r *results) readerSection(b *strings.Builder) {
 				continue
 			}
 			per := func(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()/float64(t.likes)*1e6) }
-			rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s |", wl.name, configHeads[k], thousands(float64(t.likes)), per(t.sender), per(t.cost.cpu)))
+			redis := "–"
+			if k == "b" {
+				redis = per(t.redis)
+			}
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s | %s |", wl.name, configHeads[k], thousands(float64(t.likes)), per(t.sender), per(t.cost.cpu), redis))
 		}
 	}
 	if len(rows) == 0 {
@@ -335,8 +339,8 @@ func (r *results) readerSection(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "## 6. What reading the slot costs\n\n")
 	fmt.Fprintf(b, "CPU seconds per 1M likes over all of section 1's steps (the readers idle while other configurations run): "+
-		"the walsender that decodes and sends the WAL, inside PostgreSQL, and the process that reads it.\n\n")
-	fmt.Fprintf(b, "| workload | reader | likes | walsender CPU per 1M likes | reader CPU per 1M likes |\n|---|---|--:|--:|--:|\n%s\n\n", strings.Join(rows, "\n"))
+		"the walsender that decodes and sends the WAL, inside PostgreSQL, the process that reads it, and for walcount its Redis.\n\n")
+	fmt.Fprintf(b, "| workload | reader | likes | walsender CPU per 1M likes | reader CPU per 1M likes | Redis CPU per 1M likes |\n|---|---|--:|--:|--:|--:|\n%s\n\n", strings.Join(rows, "\n"))
 }
 
 func (r *results) targetsSection(b *strings.Builder) {

@@ -47,6 +47,7 @@ type writeTotals struct {
 	updates  int64         // n_tup_upd of posts
 	cost     usage         // the slot's reader's: walcount for b, pg_recvlogical for e
 	sender   time.Duration // CPU time of the walsender serving b or e
+	redis    time.Duration // CPU time of Redis, for b
 	exact    bool
 }
 
@@ -219,6 +220,11 @@ func (t *writeTarget) finish(ctx context.Context) (writeTotals, error) {
 		if tot.cost, err = t.wc.usage(); err != nil {
 			return tot, err
 		}
+		ru, err := procUsage(t.c.redis.PID())
+		if err != nil {
+			return tot, fmt.Errorf("redis usage: %w", err)
+		}
+		tot.redis = ru.cpu
 		err = t.wc.stop()
 		t.wc = nil
 		if err != nil {
