@@ -60,9 +60,14 @@ func (b *bench) logf(format string, args ...any) {
 
 // Sizes of a full and a quick run.
 const (
-	fullRounds       = 3
-	fullWarmup       = 500 * time.Millisecond
-	fullMeasure      = 1500 * time.Millisecond
+	// As many rounds as section 1 has configurations: the order rotates
+	// by one each round, so every configuration runs once in every
+	// position, and a disturbance tied to a position (the autovacuum
+	// that (c) and (d) leave behind on their clusters, say) falls on all
+	// of them alike.
+	fullRounds       = 5
+	fullWarmup       = 400 * time.Millisecond
+	fullMeasure      = 1200 * time.Millisecond
 	fullBacklog      = 1_000_000
 	fullFreshWarmup  = 5 * time.Second
 	fullFreshMeasure = 20 * time.Second
