@@ -23,6 +23,7 @@ type globalFlags struct {
 	flushInterval time.Duration
 	httpAddr      string
 	logLevel      string
+	cpuScheduling string // walcount run only
 }
 
 func newRootCmd() *cobra.Command {
@@ -99,6 +100,9 @@ func (g *globalFlags) load(cmd *cobra.Command) (config.Config, error) {
 	}
 	if fl.Changed("log-level") {
 		ov.LogLevel = &g.logLevel
+	}
+	if fl.Lookup("cpu-scheduling") != nil && fl.Changed("cpu-scheduling") {
+		ov.CPUScheduling = &g.cpuScheduling
 	}
 	path := g.configPath
 	if !fl.Changed("config") {

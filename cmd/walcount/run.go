@@ -39,6 +39,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&skipCheck, "skip-check", false, "start without the preflight checks of walcount check")
+	cmd.Flags().StringVar(&g.cpuScheduling, "cpu-scheduling", "", "batch (Linux SCHED_BATCH: never preempt a database backend on a shared host) or normal (default batch)")
 	return cmd
 }
 
@@ -46,6 +47,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 // daemon and its HTTP server until ctx ends or the daemon stops on an error
 // that needs an operator (a lost slot, a counter that cannot be attributed).
 func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipCheck bool) error {
+	applyCPUScheduling(cfg.CPUScheduling, log)
 	if !skipCheck {
 		if err := runPreflight(ctx, cfg, log); err != nil {
 			return err

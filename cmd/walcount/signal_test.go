@@ -104,6 +104,8 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
 			t.Fatalf("the daemon never received the last likes; logs:\n%s", logs.String())
 		}
 	}
+	// cpu_scheduling defaults to batch.
+	checkBatchThreads(t, run.Process.Pid)
 	if err := run.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,10 @@ const (
 	// DefaultReconcileInterval is the pause between scheduled full
 	// reconciliations; zero disables them.
 	DefaultReconcileInterval = 24 * time.Hour
+	// CPUSchedulingBatch and CPUSchedulingNormal are the values of
+	// cpu_scheduling; batch is the default.
+	CPUSchedulingBatch  = "batch"
+	CPUSchedulingNormal = "normal"
 )
 
 // Config is everything walcount run needs. The zero value is not usable:
@@ -50,6 +54,11 @@ type Config struct {
 	HTTPAddr string `yaml:"http_addr"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
+	// CPUScheduling is how walcount run asks Linux to schedule its
+	// threads: "batch" (SCHED_BATCH: a fair share of CPU, but a thread
+	// that wakes up does not preempt a running one, such as a database
+	// backend holding a lock, when they share a host) or "normal".
+	CPUScheduling string `yaml:"cpu_scheduling"`
 	// Counters are the counter caches to maintain; empty means
 	// []Counter{DefaultCounter()}.
 	Counters []Counter `yaml:"counters"`
@@ -86,6 +95,7 @@ func Default() Config {
 		HeartbeatInterval: DefaultHeartbeatInterval,
 		HTTPAddr:          DefaultHTTPAddr,
 		LogLevel:          "info",
+		CPUScheduling:     CPUSchedulingBatch,
 		Counters:          []Counter{DefaultCounter()},
 		SlotSettings: SlotSettings{
 			PollInterval: DefaultSlotPollInterval,

@@ -38,6 +38,7 @@ type Overrides struct {
 	HTTPAddr      *string
 	LogLevel      *string
 	FlushInterval *time.Duration
+	CPUScheduling *string
 }
 
 // Load builds the Config that walcount runs with. Each setting comes from
@@ -103,6 +104,7 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	flag(&cfg.Publication, ov.Publication, "publication", "--publication")
 	flag(&cfg.HTTPAddr, ov.HTTPAddr, "http_addr", "--http-addr")
 	flag(&cfg.LogLevel, ov.LogLevel, "log_level", "--log-level")
+	flag(&cfg.CPUScheduling, ov.CPUScheduling, "cpu_scheduling", "--cpu-scheduling")
 	if ov.FlushInterval != nil {
 		cfg.FlushInterval, origin["flush_interval"] = *ov.FlushInterval, "--flush-interval"
 	}
@@ -161,6 +163,7 @@ type fileConfig struct {
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	HTTPAddr          string        `yaml:"http_addr"`
 	LogLevel          string        `yaml:"log_level"`
+	CPUScheduling     string        `yaml:"cpu_scheduling"`
 	Counters          []fileCounter `yaml:"counters"`
 	SlotMonitor       SlotSettings  `yaml:"slot_monitor"`
 	Reconcile         fileReconcile `yaml:"reconcile"`
@@ -221,6 +224,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		HTTPAddr:          cfg.HTTPAddr,
 		LogLevel:          cfg.LogLevel,
+		CPUScheduling:     cfg.CPUScheduling,
 		SlotMonitor:       cfg.SlotSettings,
 		Reconcile:         fileReconcile{BatchSize: cfg.Reconcile.BatchSize, Interval: cfg.Reconcile.Interval},
 	}
@@ -238,6 +242,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 	cfg.HeartbeatInterval = fc.HeartbeatInterval
 	cfg.HTTPAddr = fc.HTTPAddr
 	cfg.LogLevel = fc.LogLevel
+	cfg.CPUScheduling = fc.CPUScheduling
 	cfg.SlotSettings = fc.SlotMonitor
 	cfg.Reconcile = ReconcileSettings{BatchSize: fc.Reconcile.BatchSize, Interval: fc.Reconcile.Interval}
 

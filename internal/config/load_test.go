@@ -87,6 +87,7 @@ publication: file_pub
 http_addr: 127.0.0.1:1
 log_level: warn
 flush_interval: 2s
+cpu_scheduling: normal
 `)
 	env := mapEnv(map[string]string{"WALCOUNT_REDIS_URL": "redis://env:6379/0", "REDIS_URL": "redis://plain:6379/0"})
 
@@ -95,19 +96,22 @@ flush_interval: 2s
 		t.Fatalf("Load: %v", err)
 	}
 	if cfg.RedisURL != "redis://file:6379/0" || cfg.Slot != "file_slot" || cfg.Publication != "file_pub" ||
-		cfg.HTTPAddr != "127.0.0.1:1" || cfg.LogLevel != "warn" || cfg.FlushInterval != 2*time.Second {
+		cfg.HTTPAddr != "127.0.0.1:1" || cfg.LogLevel != "warn" || cfg.FlushInterval != 2*time.Second ||
+		cfg.CPUScheduling != CPUSchedulingNormal {
 		t.Errorf("file values not applied: %+v", cfg)
 	}
 
 	cfg, err = Load(path, env, Overrides{
 		RedisURL: str("redis://flag:6379/0"), Slot: str("flag_slot"), Publication: str("flag_pub"),
 		HTTPAddr: str(""), LogLevel: str("debug"), FlushInterval: dur(250 * time.Millisecond),
+		CPUScheduling: str(CPUSchedulingBatch),
 	})
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
 	if cfg.RedisURL != "redis://flag:6379/0" || cfg.Slot != "flag_slot" || cfg.Publication != "flag_pub" ||
-		cfg.HTTPAddr != "" || cfg.LogLevel != "debug" || cfg.FlushInterval != 250*time.Millisecond {
+		cfg.HTTPAddr != "" || cfg.LogLevel != "debug" || cfg.FlushInterval != 250*time.Millisecond ||
+		cfg.CPUScheduling != CPUSchedulingBatch {
 		t.Errorf("flags not applied: %+v", cfg)
 	}
 

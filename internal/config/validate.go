@@ -142,6 +142,9 @@ func (c *Config) Validate() error {
 	if !logLevels[c.LogLevel] {
 		add("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
 	}
+	if c.CPUScheduling != CPUSchedulingBatch && c.CPUScheduling != CPUSchedulingNormal {
+		add("cpu_scheduling", "%q is not one of batch, normal", c.CPUScheduling)
+	}
 	if c.SlotSettings.PollInterval <= 0 {
 		add("slot_monitor.poll_interval", "%s is out of range: must be more than 0", c.SlotSettings.PollInterval)
 	}

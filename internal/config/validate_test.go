@@ -110,6 +110,8 @@ func TestParseErrors(t *testing.T) {
 			[]string{`walcount.yaml: publication: "" is not a valid publication name`}},
 		{"log level", "log_level: loud\n",
 			[]string{`walcount.yaml: log_level: "loud" is not one of debug, info, warn, error`}},
+		{"cpu scheduling", "cpu_scheduling: realtime\n",
+			[]string{`walcount.yaml: cpu_scheduling: "realtime" is not one of batch, normal`}},
 		{"http addr", "http_addr: localhost\n",
 			[]string{`walcount.yaml: http_addr: "localhost" is not host:port`}},
 		{"database url scheme", "database_url: mysql://u:secret@h/db\n",
