@@ -371,12 +371,11 @@ func (s *Stream) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("receive replication message: %w", err)
 		}
-		if canCoalesce {
+		if coalescing {
 			windowMsgs++
-			if !coalescing {
-				setCoalescing(true)
-				windowMsgs, windowEnd = 0, time.Now().Add(s.cfg.CoalesceWindow)
-			}
+		} else if canCoalesce {
+			setCoalescing(true)
+			windowMsgs, windowEnd = 0, time.Now().Add(s.cfg.CoalesceWindow)
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:

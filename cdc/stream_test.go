@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/internal/testenv"
@@ -45,16 +46,10 @@ func newStreamFixture(t *testing.T) *streamFixture {
 		t.Fatal(err)
 	}
 	f := &streamFixture{url: url, conn: conn}
-	if f.slot, err = parseLSN(start); err != nil {
+	if f.slot, err = pglogrepl.ParseLSN(start); err != nil {
 		t.Fatal(err)
 	}
 	return f
-}
-
-func parseLSN(s string) (LSN, error) {
-	var l LSN
-	err := l.Scan(s)
-	return l, err
 }
 
 func (f *streamFixture) exec(t *testing.T, q string, args ...any) {
@@ -213,7 +208,7 @@ BEGIN FOR i IN 1..n LOOP INSERT INTO likes (post_id) VALUES (i); COMMIT; END LOO
 		`SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'walcount'`).Scan(&confirmed); err != nil {
 		t.Fatal(err)
 	}
-	c, err := parseLSN(confirmed)
+	c, err := pglogrepl.ParseLSN(confirmed)
 	if err != nil {
 		t.Fatal(err)
 	}

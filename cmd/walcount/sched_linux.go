@@ -9,10 +9,7 @@ import (
 	"unsafe"
 )
 
-const (
-	schedNormal = 0 // SCHED_OTHER
-	schedBatch  = 3 // SCHED_BATCH
-)
+const schedBatch = 3 // SCHED_BATCH
 
 // setBatchScheduling moves every thread of the process to SCHED_BATCH.
 // Linux sets the policy per thread and a new thread inherits its
