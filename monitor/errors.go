@@ -39,6 +39,31 @@ type SlotLostError struct {
 	Reason string
 }
 
+// Invalidation reasons PostgreSQL reports in
+// pg_replication_slots.invalidation_reason (17+).
+const (
+	ReasonWALRemoved  = walRemoved
+	ReasonIdleTimeout = "idle_timeout"
+)
+
+// reasonMeaning says in words why PostgreSQL invalidated a slot.
+var reasonMeaning = map[string]string{
+	walRemoved:               "WAL the slot needed was removed (max_slot_wal_keep_size)",
+	ReasonIdleTimeout:        "the slot had no reader for longer than idle_replication_slot_timeout",
+	"rows_removed":           "rows the slot needed were removed on the primary (a standby's slot)",
+	"wal_level_insufficient": "wal_level on the primary is no longer logical (a standby's slot)",
+	"conflicting":            "the slot conflicted with recovery on a standby",
+}
+
+// InvalidationMeaning says in words what an invalidation_reason means;
+// the reason itself when it is not one walcount knows.
+func InvalidationMeaning(reason string) string {
+	if m, ok := reasonMeaning[reason]; ok {
+		return m
+	}
+	return reason
+}
+
 func (e *SlotLostError) Error() string {
 	status := e.WALStatus
 	if status == "" {
@@ -47,8 +72,8 @@ func (e *SlotLostError) Error() string {
 	const todo = "counts can no longer be kept exact from the stream. " +
 		"Run `walcount setup --recreate-slot` and then `walcount reconcile` (DESIGN §2 rule 12)"
 	if e.Reason != "" && e.Reason != walRemoved {
-		return fmt.Sprintf("replication slot %q is invalidated (wal_status=%s, invalidation_reason=%s): "+
-			"the server will not decode changes for it any more; %s", e.Slot, status, e.Reason, todo)
+		return fmt.Sprintf("replication slot %q is invalidated (wal_status=%s, invalidation_reason=%s: %s): "+
+			"the server will not decode changes for it any more; %s", e.Slot, status, e.Reason, InvalidationMeaning(e.Reason), todo)
 	}
 	return fmt.Sprintf("replication slot %q is lost (wal_status=%s): WAL it needed was removed; %s",
 		e.Slot, status, todo)

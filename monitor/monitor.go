@@ -187,6 +187,13 @@ func (m *Monitor) export(s SlotStatus) {
 		status = metrics.WALStatusLost
 	}
 	mt.SetWALStatus(status)
+	reason := s.InvalidationReason
+	if reason == "" && s.Invalidated && s.WALStatus == WALLost {
+		// Before PostgreSQL 17 the only way a primary loses a slot is
+		// WAL removal, which 17 calls wal_removed.
+		reason = walRemoved
+	}
+	mt.SetSlotInvalidated(s.Exists && s.Invalidated, reason)
 	mt.SlotSpillTxns.Set(float64(s.SpillTxns))
 	mt.SlotSpillBytes.Set(float64(s.SpillBytes))
 	mt.SlotStreamTxns.Set(float64(s.StreamTxns))

@@ -314,6 +314,9 @@ rounds:
 	if v := value(t, m.SlotSafeWALSizeBytes); v != -1 {
 		t.Errorf("walcount_slot_safe_wal_size_bytes = %v, want -1", v)
 	}
+	if v := value(t, m.SlotInvalidated.WithLabelValues(monitor.ReasonWALRemoved)); v != 1 {
+		t.Errorf(`walcount_slot_invalidated{reason="wal_removed"} = %v, want 1`, v)
+	}
 	if n := logs.FilterMessage("replication slot lost").FilterLevelExact(zapcore.ErrorLevel).Len(); n != 1 {
 		t.Errorf("logged the lost slot %d times at error level, want once: %v", n, logs.All())
 	}

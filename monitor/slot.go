@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/walcount/walcount/internal/pgversion"
 )
 
 // Querier runs a query that returns one row. *pgx.Conn, *pgxpool.Pool and
@@ -79,9 +81,16 @@ type SlotStatus struct {
 	Invalidated bool
 	// InvalidationReason is pg_replication_slots.invalidation_reason on
 	// PostgreSQL 17+ (wal_removed, rows_removed, wal_level_insufficient,
-	// idle_timeout), "conflicting" when PostgreSQL 16 reports a conflict,
-	// else empty.
+	// and on 18 idle_timeout), "conflicting" when PostgreSQL 16 reports a
+	// conflict, else empty.
 	InvalidationReason string
+	// InactiveSince is when the slot last lost its reader (PostgreSQL
+	// 17+; nil while active or on older versions). On PostgreSQL 18 an
+	// idle_replication_slot_timeout counts from it.
+	InactiveSince *time.Time
+	// Failover is true for a slot that standbys synchronise (17+), and
+	// Synced for such a copy on a standby.
+	Failover, Synced bool
 	// ReadAt is when the reading was taken, by the local clock.
 	ReadAt time.Time
 }
@@ -98,15 +107,28 @@ func (s SlotStatus) Err() error {
 	return nil
 }
 
-// slotQuery reads the slot, its statistics and the server's WAL position in
-// one statement, so that the differences are taken at one instant.
+// slotQuery returns the statement that reads the slot, its statistics and
+// the server's WAL position in one go, so that the differences are taken at
+// one instant. Columns that only some versions have are named only on those
+// versions (see package pgversion); elsewhere they read as NULL.
 //
 // LSNs are read as byte offsets from 0/0 (pg_wal_lsn_diff returns numeric; an
 // LSN fits in bigint) so that the subtraction is done by the server and no
-// pg_lsn decoding is needed here. Columns that only some versions have
-// (invalidation_reason in 17+, conflicting in 16) are read through
-// to_jsonb(s), which yields NULL for a missing key instead of failing.
-const slotQuery = `
+// pg_lsn decoding is needed here.
+func slotQuery(v pgversion.Version) string {
+	reason, inactiveSince, failover, synced := "NULL::text", "NULL::timestamptz", "false", "false"
+	switch {
+	case v.SlotInvalidationReason():
+		reason, inactiveSince = "s.invalidation_reason", "s.inactive_since"
+	case v.SlotConflicting():
+		// PostgreSQL 16 says only that a slot on a standby conflicted
+		// with recovery; 17 names it rows_removed or wal_level_insufficient.
+		reason = "CASE WHEN s.conflicting THEN 'conflicting' END"
+	}
+	if v.FailoverSlots() {
+		failover, synced = "coalesce(s.failover, false)", "coalesce(s.synced, false)"
+	}
+	return `
 SELECT
 	pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
 	s.slot_name IS NOT NULL,
@@ -119,10 +141,10 @@ SELECT
 	s.safe_wal_size,
 	pg_wal_lsn_diff(s.confirmed_flush_lsn, '0/0')::bigint,
 	pg_wal_lsn_diff(s.restart_lsn, '0/0')::bigint,
-	coalesce(
-		to_jsonb(s) ->> 'invalidation_reason',
-		CASE WHEN (to_jsonb(s) ->> 'conflicting')::boolean THEN 'conflicting' END,
-		''),
+	coalesce(` + reason + `, ''),
+	` + inactiveSince + `,
+	` + failover + `,
+	` + synced + `,
 	coalesce(st.spill_txns, 0),
 	coalesce(st.spill_bytes, 0),
 	coalesce(st.stream_txns, 0),
@@ -130,12 +152,17 @@ SELECT
 FROM (SELECT 1) AS one
 LEFT JOIN pg_replication_slots AS s ON s.slot_name = $1
 LEFT JOIN pg_stat_replication_slots AS st ON st.slot_name = $1`
+}
 
 // ReadSlot reads the status of the replication slot named slot. A slot that
 // does not exist is not an error: the result has Exists false (see
 // SlotStatus.Err). It needs PostgreSQL 14 or later, and a primary, since
 // pg_current_wal_lsn() fails during recovery.
 func ReadSlot(ctx context.Context, q Querier, slot string) (SlotStatus, error) {
+	v, err := pgversion.Read(ctx, q)
+	if err != nil {
+		return SlotStatus{}, fmt.Errorf("read replication slot %q: %w", slot, err)
+	}
 	var (
 		s                          = SlotStatus{Slot: slot}
 		current                    int64
@@ -146,10 +173,10 @@ func ReadSlot(ctx context.Context, q Querier, slot string) (SlotStatus, error) {
 		safeWALSize                *int64
 		walStatus, invalidationWhy string
 	)
-	err := q.QueryRow(ctx, slotQuery, slot).Scan(
+	err = q.QueryRow(ctx, slotQuery(v), slot).Scan(
 		&current, &s.Exists, &s.Plugin, &s.SlotType, &s.Database,
 		&s.Active, &activePID, &walStatus, &safeWALSize,
-		&confirmed, &restart, &invalidationWhy,
+		&confirmed, &restart, &invalidationWhy, &s.InactiveSince, &s.Failover, &s.Synced,
 		&spillTxns, &spillBytes, &streamTxns, &streamBytes,
 	)
 	if err != nil {
@@ -197,27 +224,30 @@ func ReadMaxSlotWALKeepSize(ctx context.Context, q Querier) (int64, error) {
 // slotStatusJSON is SlotStatus as /status shows it: LSNs in PostgreSQL's
 // "X/Y" notation, as an operator would compare them with psql output.
 type slotStatusJSON struct {
-	Slot               string    `json:"slot"`
-	Exists             bool      `json:"exists"`
-	Plugin             string    `json:"plugin,omitempty"`
-	SlotType           string    `json:"slot_type,omitempty"`
-	Database           string    `json:"database,omitempty"`
-	Active             bool      `json:"active"`
-	ActivePID          int       `json:"active_pid,omitempty"`
-	WALStatus          string    `json:"wal_status,omitempty"`
-	SafeWALSizeBytes   *int64    `json:"safe_wal_size_bytes"`
-	LagBytes           int64     `json:"lag_bytes"`
-	RetainedWALBytes   int64     `json:"retained_wal_bytes"`
-	ConfirmedFlushLSN  string    `json:"confirmed_flush_lsn"`
-	RestartLSN         string    `json:"restart_lsn"`
-	CurrentLSN         string    `json:"current_lsn"`
-	SpillTxns          int64     `json:"spill_txns"`
-	SpillBytes         int64     `json:"spill_bytes"`
-	StreamTxns         int64     `json:"stream_txns"`
-	StreamBytes        int64     `json:"stream_bytes"`
-	Invalidated        bool      `json:"invalidated"`
-	InvalidationReason string    `json:"invalidation_reason,omitempty"`
-	ReadAt             time.Time `json:"read_at"`
+	Slot               string     `json:"slot"`
+	Exists             bool       `json:"exists"`
+	Plugin             string     `json:"plugin,omitempty"`
+	SlotType           string     `json:"slot_type,omitempty"`
+	Database           string     `json:"database,omitempty"`
+	Active             bool       `json:"active"`
+	ActivePID          int        `json:"active_pid,omitempty"`
+	WALStatus          string     `json:"wal_status,omitempty"`
+	SafeWALSizeBytes   *int64     `json:"safe_wal_size_bytes"`
+	LagBytes           int64      `json:"lag_bytes"`
+	RetainedWALBytes   int64      `json:"retained_wal_bytes"`
+	ConfirmedFlushLSN  string     `json:"confirmed_flush_lsn"`
+	RestartLSN         string     `json:"restart_lsn"`
+	CurrentLSN         string     `json:"current_lsn"`
+	SpillTxns          int64      `json:"spill_txns"`
+	SpillBytes         int64      `json:"spill_bytes"`
+	StreamTxns         int64      `json:"stream_txns"`
+	StreamBytes        int64      `json:"stream_bytes"`
+	Invalidated        bool       `json:"invalidated"`
+	InvalidationReason string     `json:"invalidation_reason,omitempty"`
+	InactiveSince      *time.Time `json:"inactive_since,omitempty"`
+	Failover           bool       `json:"failover"`
+	Synced             bool       `json:"synced,omitempty"`
+	ReadAt             time.Time  `json:"read_at"`
 }
 
 // MarshalJSON renders the status with snake_case keys and LSNs as "X/Y".
@@ -228,6 +258,7 @@ func (s SlotStatus) MarshalJSON() ([]byte, error) {
 		LagBytes: s.LagBytes, RetainedWALBytes: s.RetainedWALBytes,
 		ConfirmedFlushLSN: s.ConfirmedFlushLSN.String(), RestartLSN: s.RestartLSN.String(), CurrentLSN: s.CurrentLSN.String(),
 		SpillTxns: s.SpillTxns, SpillBytes: s.SpillBytes, StreamTxns: s.StreamTxns, StreamBytes: s.StreamBytes,
-		Invalidated: s.Invalidated, InvalidationReason: s.InvalidationReason, ReadAt: s.ReadAt,
+		Invalidated: s.Invalidated, InvalidationReason: s.InvalidationReason,
+		InactiveSince: s.InactiveSince, Failover: s.Failover, Synced: s.Synced, ReadAt: s.ReadAt,
 	})
 }

@@ -23,6 +23,8 @@ const (
 	LabelStatus = "status"
 	// LabelVersion is the walcount version in walcount_build_info.
 	LabelVersion = "version"
+	// LabelReason is pg_replication_slots.invalidation_reason.
+	LabelReason = "reason"
 )
 
 // Values of LabelOp.
@@ -82,6 +84,11 @@ type Metrics struct {
 	// SlotWALStatus is 1 for the slot's current wal_status and 0 for the
 	// others; set it with SetWALStatus.
 	SlotWALStatus *prometheus.GaugeVec
+	// SlotInvalidated is 1, labelled with the reason PostgreSQL gives
+	// (wal_removed, idle_timeout, rows_removed, ...), once the slot is
+	// invalidated; it has no series while the slot is usable. Set it with
+	// SetSlotInvalidated.
+	SlotInvalidated *prometheus.GaugeVec
 
 	// SlotSpillBytes, SlotSpillTxns, SlotStreamBytes and SlotStreamTxns
 	// copy pg_stat_replication_slots. They are cumulative counters on the
@@ -177,6 +184,10 @@ func New() *Metrics {
 			Namespace: Namespace, Name: "slot_wal_status",
 			Help: "1 for the slot's current pg_replication_slots.wal_status (reserved, extended, unreserved, lost), 0 for the others.",
 		}, []string{LabelStatus}),
+		SlotInvalidated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "slot_invalidated",
+			Help: "1 once the replication slot is invalidated, labelled with the cause (pg_replication_slots.invalidation_reason: wal_removed, idle_timeout, rows_removed, wal_level_insufficient; unknown when the server does not say).",
+		}, []string{LabelReason}),
 		SlotSpillBytes: gauge("slot_spill_bytes",
 			"Bytes of decoded transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_bytes, cumulative on the server)."),
 		SlotSpillTxns: gauge("slot_spill_txns",
@@ -251,7 +262,7 @@ func New() *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.SlotLagBytes, m.SlotRetainedWALBytes, m.SlotSafeWALSizeBytes, m.SlotActive, m.SlotWALStatus,
+		m.SlotLagBytes, m.SlotRetainedWALBytes, m.SlotSafeWALSizeBytes, m.SlotActive, m.SlotWALStatus, m.SlotInvalidated,
 		m.SlotSpillBytes, m.SlotSpillTxns, m.SlotStreamBytes, m.SlotStreamTxns, m.SlotReadErrors,
 		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.Streaming,
@@ -305,6 +316,20 @@ func (m *Metrics) SetWALStatus(status string) {
 		}
 		m.SlotWALStatus.WithLabelValues(s).Set(v)
 	}
+}
+
+// SetSlotInvalidated exports the slot's invalidation: reason is
+// pg_replication_slots.invalidation_reason, "" for a usable slot (no
+// series) and "unknown" when the server does not name a cause.
+func (m *Metrics) SetSlotInvalidated(invalidated bool, reason string) {
+	m.SlotInvalidated.Reset()
+	if !invalidated {
+		return
+	}
+	if reason == "" {
+		reason = "unknown"
+	}
+	m.SlotInvalidated.WithLabelValues(reason).Set(1)
 }
 
 // InitCounter creates the labelled series of a configured counter at zero,
