@@ -20,8 +20,9 @@ func newCheckCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			preflight.Format(cmd.OutOrStdout(), findings)
-			if preflight.HasProblems(findings) {
-				return exitCodeError{exitFailure}
+			// The same gate as run's: the exit code says what run would do.
+			if err := preflight.Gate(findings); err != nil {
+				return exitCodeError{exitStatus(err)}
 			}
 			return nil
 		},

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/preflight"
 )
 
 // Exit codes (DESIGN §6).
@@ -48,9 +49,22 @@ func exitCode(err error) int {
 		return ec.code
 	}
 	fmt.Fprintln(os.Stderr, "walcount:", err)
+	return exitStatus(err)
+}
+
+// exitStatus maps an error to the exit code scripts may rely on: 2 for a
+// usage or configuration error, a preflight refusal the configuration must
+// fix included, and 1 for everything else.
+func exitStatus(err error) int {
 	var cfgErr *config.Error
 	var ue usageError
-	if errors.As(err, &cfgErr) || errors.As(err, &ue) {
+	var ref *preflight.Refusal
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &cfgErr), errors.As(err, &ue):
+		return exitUsage
+	case errors.As(err, &ref) && ref.ConfigProblem():
 		return exitUsage
 	}
 	return exitFailure

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -88,43 +86,21 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 }
 
 // runPreflight refuses to start rather than count wrongly (DESIGN §2 rule
-// 11): it logs every warning and problem, and returns an error that names
-// each problem with its fix.
+// 11): it runs walcount check's findings through the same gate as check,
+// logs the warnings and returns the *preflight.Refusal that lists every
+// problem with its fix.
 func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, Logger: log})
 	if err != nil {
 		return fmt.Errorf("preflight: %w", err)
 	}
-	var problems []string
-	var cfgProblems []config.Problem
 	for _, f := range findings {
-		switch f.Severity {
-		case preflight.Warning:
-			if f.Check == preflight.CheckSlotWALKeepSize {
-				// The daemon reports max_slot_wal_keep_size itself at
-				// start, with --skip-check too; once is enough.
-				continue
-			}
-			log.Warn(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
-		case preflight.Problem:
-			log.Error(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
-			p := f.Message
-			if f.Fix != "" {
-				p += " (fix: " + f.Fix + ")"
-			}
-			problems = append(problems, p)
-			if strings.HasPrefix(f.Fix, "set counters[") {
-				// The configuration names what the database lacks: a
-				// configuration error (exit 2), fixed in the file.
-				cfgProblems = append(cfgProblems, config.Problem{Msg: p})
-			}
+		if f.Severity != preflight.Warning || f.Check == preflight.CheckSlotWALKeepSize {
+			// The daemon reports max_slot_wal_keep_size itself at start,
+			// with --skip-check too; once is enough.
+			continue
 		}
+		log.Warn(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
 	}
-	if len(cfgProblems) > 0 {
-		return &config.Error{Problems: cfgProblems}
-	}
-	if len(problems) > 0 {
-		return errors.New("preflight found problems; run walcount check for details: " + strings.Join(problems, "; "))
-	}
-	return nil
+	return preflight.Gate(findings)
 }

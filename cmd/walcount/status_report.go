@@ -227,6 +227,9 @@ func walStatusLine(s monitor.SlotStatus) string {
 	if status == "" {
 		status = "null"
 	}
+	if s.Invalidated && s.InvalidationReason != "" && s.InvalidationReason != monitor.ReasonWALRemoved {
+		return fmt.Sprintf("%s (invalidated, invalidation_reason %s: %s)", status, s.InvalidationReason, monitor.InvalidationMeaning(s.InvalidationReason))
+	}
 	if m, ok := walStatusMeaning[s.WALStatus]; ok {
 		return status + " (" + m + ")"
 	}

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/pgversion"
 )
 
 // Severity says how bad a Finding is.
@@ -58,10 +59,24 @@ const (
 	CheckPublication      = "publication"
 	CheckSlot             = "slot"
 	CheckSlotWALKeepSize  = "max_slot_wal_keep_size"
+	CheckIdleSlotTimeout  = "idle_replication_slot_timeout"
 	CheckCheckpoint       = "checkpoint"
 	CheckRedis            = "redis"
 	CheckRedisWritable    = "redis_writable"
 	CheckRedisEviction    = "redis_eviction"
+)
+
+// Cause says what must change to resolve a Finding.
+type Cause int
+
+const (
+	// CauseEnvironment means the database, Redis or the server settings
+	// must change (the usual case).
+	CauseEnvironment Cause = iota
+	// CauseConfig means walcount's own configuration names something
+	// that is not there: the configuration must change. walcount check,
+	// setup and run then exit with the usage status (2).
+	CauseConfig
 )
 
 // Finding is the result of one check.
@@ -70,6 +85,8 @@ type Finding struct {
 	Check string
 	// Severity is OK, Warning or Problem.
 	Severity Severity
+	// Cause is what must change; it matters for Problems only.
+	Cause Cause
 	// Message says what was found, naming the table, column or setting.
 	Message string
 	// Fix is the exact SQL, setting or command that resolves a Warning or
@@ -129,6 +146,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 		r.checkPublication,
 		r.checkSlot,
 		r.checkWALKeepSize,
+		r.checkIdleSlotTimeout,
 		r.checkCheckpoint,
 	}
 	for _, step := range steps {
@@ -170,7 +188,7 @@ type run struct {
 	log  *zap.Logger
 
 	// Learnt by checkServer.
-	version  int // server_version_num
+	version  pgversion.Version
 	database string
 	user     string
 	// Learnt by checkSlot's early lookup in checkServer.
@@ -186,6 +204,12 @@ type run struct {
 func (r *run) add(check string, sev Severity, msg, fix string) {
 	r.log.Debug(msg, zap.String(logKeyCheck, check), zap.Stringer(logKeySeverity, sev))
 	r.findings = append(r.findings, Finding{Check: check, Severity: sev, Message: msg, Fix: fix})
+}
+
+// configProblem records a Problem that the configuration must fix.
+func (r *run) configProblem(check, msg, fix string) {
+	r.add(check, Problem, msg, fix)
+	r.findings[len(r.findings)-1].Cause = CauseConfig
 }
 
 func (r *run) ok(check, msg string)           { r.add(check, OK, msg, "") }

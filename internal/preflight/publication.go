@@ -69,7 +69,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 	// lists every column when there is none) and row filters.
 	published := map[string]pubTable{}
 	query := `SELECT schemaname::text, tablename::text, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1`
-	if r.version >= 150000 {
+	if r.version.PublicationColumnLists() {
 		query = `SELECT schemaname::text, tablename::text, attnames::text[], rowfilter FROM pg_publication_tables WHERE pubname = $1`
 	}
 	rows, err := r.conn.Query(r.ctx, query, r.cfg.Publication)

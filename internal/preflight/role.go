@@ -13,12 +13,13 @@ import (
 // schema.
 func (r *run) checkRole() error {
 	var super, repl, canCreate, schemaExists, canEmit bool
+	emit := r.version.EmitMessageSignature()
 	err := r.conn.QueryRow(r.ctx, `
 SELECT rolsuper, rolreplication,
        has_database_privilege(current_database(), 'CREATE'),
        to_regnamespace('walcount') IS NOT NULL,
-       has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
-FROM pg_roles WHERE rolname = current_user`).Scan(&super, &repl, &canCreate, &schemaExists, &canEmit)
+       has_function_privilege($1, 'EXECUTE')
+FROM pg_roles WHERE rolname = current_user`, emit).Scan(&super, &repl, &canCreate, &schemaExists, &canEmit)
 	if err != nil {
 		return r.queryFailed(CheckRole, "the role's attributes", err)
 	}
@@ -46,7 +47,7 @@ FROM pg_roles WHERE rolname = current_user`).Scan(&super, &repl, &canCreate, &sc
 	} else {
 		r.problem(CheckEmitMessage,
 			fmt.Sprintf("role %s may not call pg_logical_emit_message: no heartbeats, so an idle slot pins WAL, and no reconcile", r.user),
-			fmt.Sprintf("GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO %s;", role))
+			fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s;", emit, role))
 	}
 
 	if !schemaExists {

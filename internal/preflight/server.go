@@ -2,12 +2,10 @@ package preflight
 
 import (
 	"fmt"
-)
+	"time"
 
-// minVersion is the oldest PostgreSQL walcount supports: pgoutput's
-// "messages" option, which delivers walcount's heartbeat and reconcile
-// markers (DESIGN §2 rule 8, §5), arrived in PostgreSQL 14.
-const minVersion = 140000
+	"github.com/walcount/walcount/internal/pgversion"
+)
 
 // checkServer checks the version, wal_level and the free replication slots
 // and WAL senders.
@@ -34,8 +32,9 @@ SELECT current_setting('server_version_num')::int,
 		return r.queryFailed(CheckServerVersion, "server settings", err)
 	}
 
-	if r.version < minVersion {
-		r.problem(CheckServerVersion, fmt.Sprintf("PostgreSQL %s is too old: walcount needs 14 or later (pgoutput messages)", versionText), "upgrade PostgreSQL")
+	if err := r.version.Supported(); err != nil {
+		r.problem(CheckServerVersion, fmt.Sprintf("PostgreSQL %s is too old: walcount needs PostgreSQL %d or later (pgoutput delivers logical decoding messages from %d on)",
+			versionText, pgversion.Oldest.Major(), pgversion.Oldest.Major()), fmt.Sprintf("upgrade PostgreSQL to %d or later", pgversion.Oldest.Major()))
 	} else {
 		r.ok(CheckServerVersion, "PostgreSQL "+versionText)
 	}
@@ -102,5 +101,39 @@ func (r *run) checkWALKeepSize() error {
 		return nil
 	}
 	r.ok(CheckSlotWALKeepSize, fmt.Sprintf("max_slot_wal_keep_size is %s: the slot is lost if it falls further behind; watch walcount_slot_safe_wal_size_bytes", size))
+	return nil
+}
+
+// checkIdleSlotTimeout warns when PostgreSQL 18's idle_replication_slot_timeout
+// could invalidate walcount's slot: a slot without a reader for longer than
+// the timeout is invalidated at the next checkpoint (invalidation_reason
+// idle_timeout), exactly like a slot that lost its WAL. A walcount stopped
+// for an upgrade or an outage longer than the timeout would then have to
+// recreate its slot and reconcile.
+func (r *run) checkIdleSlotTimeout() error {
+	if !r.version.IdleSlotTimeout() {
+		return nil
+	}
+	var seconds int64
+	if err := r.conn.QueryRow(r.ctx, "SELECT extract(epoch FROM current_setting('idle_replication_slot_timeout')::interval)::bigint").Scan(&seconds); err != nil {
+		return r.queryFailed(CheckIdleSlotTimeout, "idle_replication_slot_timeout", err)
+	}
+	if seconds <= 0 {
+		r.ok(CheckIdleSlotTimeout, "idle_replication_slot_timeout is 0: an idle slot is never invalidated")
+		return nil
+	}
+	timeout := time.Duration(seconds) * time.Second
+	msg := fmt.Sprintf("idle_replication_slot_timeout is %s: if walcount is stopped (or cannot connect) for longer, PostgreSQL invalidates slot %s at the next checkpoint (idle_timeout), and the counters need walcount setup --recreate-slot and a full reconcile",
+		timeout, r.cfg.Slot)
+	if r.slot != nil && !r.slot.active && r.slot.inactiveSince != nil {
+		left := time.Until(r.slot.inactiveSince.Add(timeout)).Round(time.Second)
+		if left > 0 {
+			msg += fmt.Sprintf("; the slot has had no reader since %s: start walcount within %s", r.slot.inactiveSince.UTC().Format(time.RFC3339), left)
+		} else {
+			msg += fmt.Sprintf("; the slot has had no reader since %s, past the timeout: the next checkpoint invalidates it", r.slot.inactiveSince.UTC().Format(time.RFC3339))
+		}
+	}
+	r.warn(CheckIdleSlotTimeout, msg,
+		"ALTER SYSTEM SET idle_replication_slot_timeout = 0; SELECT pg_reload_conf(); (or keep it above walcount's longest planned downtime and alert on walcount_slot_active == 0)")
 	return nil
 }

@@ -2,6 +2,7 @@ package preflight
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -14,16 +15,21 @@ type slotInfo struct {
 	restartLSN       *string
 	confirmedLSN     *string
 	walStatus        *string
+	inactiveSince    *time.Time // PostgreSQL 17+
 }
 
 // lookupSlot reads the slot into r.slot (nil when it does not exist).
 func (r *run) lookupSlot() error {
 	var s slotInfo
+	inactiveSince := "NULL::timestamptz"
+	if r.version.SlotInvalidationReason() {
+		inactiveSince = "inactive_since"
+	}
 	err := r.conn.QueryRow(r.ctx, `
 SELECT coalesce(plugin, ''), slot_type, database, active,
-       restart_lsn::text, confirmed_flush_lsn::text, wal_status
+       restart_lsn::text, confirmed_flush_lsn::text, wal_status, `+inactiveSince+`
 FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(
-		&s.plugin, &s.slotType, &s.database, &s.active, &s.restartLSN, &s.confirmedLSN, &s.walStatus)
+		&s.plugin, &s.slotType, &s.database, &s.active, &s.restartLSN, &s.confirmedLSN, &s.walStatus, &s.inactiveSince)
 	if errNoRows(err) {
 		return nil
 	}

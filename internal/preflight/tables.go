@@ -143,11 +143,11 @@ func (r *run) checkCounter(i int, c config.Counter) error {
 		switch {
 		case !tt.t.exists:
 			tablesOK = false
-			r.problem(CheckTable, fmt.Sprintf("%s%s table %s does not exist", prefix, tt.role, tt.t.sql),
+			r.configProblem(CheckTable, fmt.Sprintf("%s%s table %s does not exist", prefix, tt.role, tt.t.sql),
 				fmt.Sprintf("create it, or set counters[%d].%s in the config file", i, tt.field))
 		case tt.t.kind != "r" && tt.t.kind != "p":
 			tablesOK = false
-			r.problem(CheckTable, fmt.Sprintf("%s%s %s is not a table (relkind %s)", prefix, tt.role, tt.t.sql, tt.t.kind),
+			r.configProblem(CheckTable, fmt.Sprintf("%s%s %s is not a table (relkind %s)", prefix, tt.role, tt.t.sql, tt.t.kind),
 				fmt.Sprintf("set counters[%d].%s to a table", i, tt.field))
 		}
 	}
@@ -182,10 +182,14 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 		ok = false
 		r.problem(CheckColumn, prefix+msg, fix)
 	}
+	badConfig := func(msg, fix string) {
+		ok = false
+		r.configProblem(CheckColumn, prefix+msg, fix)
+	}
 	need := func(t *table, name, field string) (column, bool) {
 		col, found := t.columns[name]
 		if !found {
-			bad(fmt.Sprintf("column %s.%s does not exist", t.sql, r.ident(name)),
+			badConfig(fmt.Sprintf("column %s.%s does not exist", t.sql, r.ident(name)),
 				fmt.Sprintf("set counters[%d].%s in the config file to a column of %s", i, field, t.sql))
 		}
 		return col, found
@@ -249,7 +253,7 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 			if errors.As(err, &pgErr) {
 				msg = pgErr.Message
 			}
-			bad(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", *c.Where[w], wcol.full, src.sql, r.ident(w), msg),
+			badConfig(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", *c.Where[w], wcol.full, src.sql, r.ident(w), msg),
 				fmt.Sprintf("fix counters[%d].where.%s in the config file", i, w))
 		}
 	}
