@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redisbuf"
@@ -53,7 +53,7 @@ type TxnObserver func(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], 
 
 // Options configure an Aggregator.
 type Options struct {
-	Counters []config.Counter
+	Counters []counter.Counter
 	Buffer   Buffer
 	Barrier  Barrierer
 	// Start is the end LSN of the last transaction Redis or PostgreSQL

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/redisbuf"
 )
 
@@ -19,7 +19,7 @@ func (discardBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []redisbuf.Delta) 
 // BenchmarkProcessInserts measures the aggregator's cost per row change:
 // 1000-row transactions over 50 posts, as in the drain benchmark.
 func BenchmarkProcessInserts(b *testing.B) {
-	a := New(Options{Counters: []config.Counter{countAll}, Buffer: discardBuffer{}})
+	a := New(Options{Counters: []counter.Counter{countAll}, Buffer: discardBuffer{}})
 	posts := make([]cdc.Value, 50)
 	for i := range posts {
 		posts[i] = txt(strconv.Itoa(i + 1))

@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/redisbuf"
 )
 
@@ -34,40 +36,40 @@ func row(post cdc.Value, state cdc.Value, weight cdc.Value) cdc.Tuple {
 func strp(s string) *string { return &s }
 
 var (
-	countAll = config.Counter{Name: "likes", Source: "public.likes", Key: "post_id"}
-	active   = config.Counter{Name: "active", Source: "likes", Key: "post_id", Where: map[string]*string{"state": strp("active")}}
-	undone   = config.Counter{Name: "undone", Source: "likes", Key: "post_id", Where: map[string]*string{"state": nil}}
-	weights  = config.Counter{Name: "weight", Source: "likes", Key: "post_id", Sum: "weight"}
+	countAll = counter.Counter{Name: "likes", Source: "public.likes", Key: "post_id"}
+	active   = counter.Counter{Name: "active", Source: "likes", Key: "post_id", Where: map[string]*string{"state": strp("active")}}
+	undone   = counter.Counter{Name: "undone", Source: "likes", Key: "post_id", Where: map[string]*string{"state": nil}}
+	weights  = counter.Counter{Name: "weight", Source: "likes", Key: "post_id", Sum: "weight"}
 )
 
 func TestRuleAlgebra(t *testing.T) {
 	tests := []struct {
 		name     string
-		counters []config.Counter
+		counters []counter.Counter
 		op       cdc.Op
 		old, new cdc.Tuple
 		want     map[string]int64
 	}{
-		{"insert counts", []config.Counter{countAll}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, null), map[string]int64{"likes:7": 1}},
-		{"delete uncounts", []config.Counter{countAll}, cdc.OpDelete, row(txt("7"), null, null), cdc.Tuple{}, map[string]int64{"likes:7": -1}},
-		{"insert with null key counts nowhere", []config.Counter{countAll}, cdc.OpInsert, cdc.Tuple{}, row(null, null, null), map[string]int64{}},
-		{"move between posts", []config.Counter{countAll}, cdc.OpUpdate, row(txt("7"), null, null), row(txt("8"), null, null), map[string]int64{"likes:7": -1, "likes:8": 1}},
-		{"no-op update", []config.Counter{countAll, active, weights}, cdc.OpUpdate, row(txt("7"), txt("active"), txt("3")), row(txt("7"), txt("active"), txt("3")), map[string]int64{}},
-		{"key set from null", []config.Counter{countAll}, cdc.OpUpdate, row(null, null, null), row(txt("8"), null, null), map[string]int64{"likes:8": 1}},
-		{"enters filter", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("deleted"), null), row(txt("7"), txt("active"), null), map[string]int64{"active:7": 1}},
-		{"leaves filter", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("7"), txt("deleted"), null), map[string]int64{"active:7": -1}},
-		{"leaves filter and moves", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), txt("gone"), null), map[string]int64{"active:7": -1}},
-		{"moves inside filter", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), txt("active"), null), map[string]int64{"active:7": -1, "active:8": 1}},
-		{"is null filter: soft delete", []config.Counter{undone}, cdc.OpUpdate, row(txt("7"), null, null), row(txt("7"), txt("x"), null), map[string]int64{"undone:7": -1}},
-		{"is null filter: restore", []config.Counter{undone}, cdc.OpUpdate, row(txt("7"), txt("x"), null), row(txt("7"), null, null), map[string]int64{"undone:7": 1}},
-		{"sum insert", []config.Counter{weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, txt("5")), map[string]int64{"weight:7": 5}},
-		{"sum of null is zero", []config.Counter{weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, null), map[string]int64{}},
-		{"sum changes", []config.Counter{weights}, cdc.OpUpdate, row(txt("7"), null, txt("5")), row(txt("7"), null, txt("-2")), map[string]int64{"weight:7": -7}},
-		{"sum moves", []config.Counter{weights}, cdc.OpUpdate, row(txt("7"), null, txt("5")), row(txt("8"), null, txt("6")), map[string]int64{"weight:7": -5, "weight:8": 6}},
-		{"sum delete", []config.Counter{weights}, cdc.OpDelete, row(txt("7"), null, txt("5")), cdc.Tuple{}, map[string]int64{"weight:7": -5}},
-		{"unchanged toast key takes old value", []config.Counter{countAll}, cdc.OpUpdate, row(txt("7"), txt("a"), null), row(toast, txt("b"), null), map[string]int64{}},
-		{"unchanged toast filter takes old value", []config.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), toast, null), map[string]int64{"active:7": -1, "active:8": 1}},
-		{"several counters at once", []config.Counter{countAll, active, weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), txt("active"), txt("2")), map[string]int64{"likes:7": 1, "active:7": 1, "weight:7": 2}},
+		{"insert counts", []counter.Counter{countAll}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, null), map[string]int64{"likes:7": 1}},
+		{"delete uncounts", []counter.Counter{countAll}, cdc.OpDelete, row(txt("7"), null, null), cdc.Tuple{}, map[string]int64{"likes:7": -1}},
+		{"insert with null key counts nowhere", []counter.Counter{countAll}, cdc.OpInsert, cdc.Tuple{}, row(null, null, null), map[string]int64{}},
+		{"move between posts", []counter.Counter{countAll}, cdc.OpUpdate, row(txt("7"), null, null), row(txt("8"), null, null), map[string]int64{"likes:7": -1, "likes:8": 1}},
+		{"no-op update", []counter.Counter{countAll, active, weights}, cdc.OpUpdate, row(txt("7"), txt("active"), txt("3")), row(txt("7"), txt("active"), txt("3")), map[string]int64{}},
+		{"key set from null", []counter.Counter{countAll}, cdc.OpUpdate, row(null, null, null), row(txt("8"), null, null), map[string]int64{"likes:8": 1}},
+		{"enters filter", []counter.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("deleted"), null), row(txt("7"), txt("active"), null), map[string]int64{"active:7": 1}},
+		{"leaves filter", []counter.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("7"), txt("deleted"), null), map[string]int64{"active:7": -1}},
+		{"leaves filter and moves", []counter.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), txt("gone"), null), map[string]int64{"active:7": -1}},
+		{"moves inside filter", []counter.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), txt("active"), null), map[string]int64{"active:7": -1, "active:8": 1}},
+		{"is null filter: soft delete", []counter.Counter{undone}, cdc.OpUpdate, row(txt("7"), null, null), row(txt("7"), txt("x"), null), map[string]int64{"undone:7": -1}},
+		{"is null filter: restore", []counter.Counter{undone}, cdc.OpUpdate, row(txt("7"), txt("x"), null), row(txt("7"), null, null), map[string]int64{"undone:7": 1}},
+		{"sum insert", []counter.Counter{weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, txt("5")), map[string]int64{"weight:7": 5}},
+		{"sum of null is zero", []counter.Counter{weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), null, null), map[string]int64{}},
+		{"sum changes", []counter.Counter{weights}, cdc.OpUpdate, row(txt("7"), null, txt("5")), row(txt("7"), null, txt("-2")), map[string]int64{"weight:7": -7}},
+		{"sum moves", []counter.Counter{weights}, cdc.OpUpdate, row(txt("7"), null, txt("5")), row(txt("8"), null, txt("6")), map[string]int64{"weight:7": -5, "weight:8": 6}},
+		{"sum delete", []counter.Counter{weights}, cdc.OpDelete, row(txt("7"), null, txt("5")), cdc.Tuple{}, map[string]int64{"weight:7": -5}},
+		{"unchanged toast key takes old value", []counter.Counter{countAll}, cdc.OpUpdate, row(txt("7"), txt("a"), null), row(toast, txt("b"), null), map[string]int64{}},
+		{"unchanged toast filter takes old value", []counter.Counter{active}, cdc.OpUpdate, row(txt("7"), txt("active"), null), row(txt("8"), toast, null), map[string]int64{"active:7": -1, "active:8": 1}},
+		{"several counters at once", []counter.Counter{countAll, active, weights}, cdc.OpInsert, cdc.Tuple{}, row(txt("7"), txt("active"), txt("2")), map[string]int64{"likes:7": 1, "active:7": 1, "weight:7": 2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,13 +88,13 @@ func TestRuleAlgebra(t *testing.T) {
 func TestRuleErrors(t *testing.T) {
 	byDefault := &cdc.Relation{ID: 2, Namespace: "public", Name: "likes", ReplicaIdentity: 'd',
 		Columns: []cdc.Column{{Name: "id", Key: true}, {Name: "post_id"}}}
-	a := New(Options{Counters: []config.Counter{countAll}})
+	a := New(Options{Counters: []counter.Counter{countAll}})
 	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: byDefault, New: cdc.Tuple{Cols: []cdc.Value{txt("1"), txt("2")}}}
 	if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) {
 		t.Fatalf("default identity without post_id: err = %v, want ErrNotAttributable", err)
 	}
 
-	a = New(Options{Counters: []config.Counter{countAll}})
+	a = New(Options{Counters: []counter.Counter{countAll}})
 	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpUpdate, Rel: likesRel, Old: row(toast, null, null), New: row(toast, null, null)}
 	if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) {
 		t.Fatalf("toasted key on both sides: err = %v, want ErrNotAttributable", err)
@@ -102,47 +104,33 @@ func TestRuleErrors(t *testing.T) {
 	// out as unchanged TOAST: there is no value to read anywhere.
 	// PostgreSQL 15 logs the old key whenever an identity column is
 	// stored out of line, so this is a guard, not a path.
-	for _, c := range []config.Counter{countAll, active} {
-		a = New(Options{Counters: []config.Counter{c}})
+	for _, c := range []counter.Counter{countAll, active} {
+		a = New(Options{Counters: []counter.Counter{c}})
 		ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpUpdate, Rel: likesRel, New: row(toast, toast, null)}
 		if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) || !strings.Contains(err.Error(), "unchanged TOASTed value") {
 			t.Fatalf("counter %s: toasted column and no old row: err = %v, want ErrNotAttributable", c.Name, err)
 		}
 	}
 
-	a = New(Options{Counters: []config.Counter{weights}})
+	a = New(Options{Counters: []counter.Counter{weights}})
 	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesRel, New: row(txt("7"), null, txt("1.5"))}
-	if err := a.change(&ev); !errors.Is(err, ErrBadValue) {
-		t.Fatalf("fractional sum: err = %v, want ErrBadValue", err)
+	if err := a.change(&ev); !errors.Is(err, counter.ErrBadValue) {
+		t.Fatalf("fractional sum: err = %v, want counter.ErrBadValue", err)
 	}
 
-	missing := config.Counter{Name: "x", Source: "likes", Key: "nope"}
-	a = New(Options{Counters: []config.Counter{missing}})
+	missing := counter.Counter{Name: "x", Source: "likes", Key: "nope"}
+	a = New(Options{Counters: []counter.Counter{missing}})
 	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesRel, New: row(txt("7"), null, null)}
 	if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) {
 		t.Fatalf("missing key column: err = %v, want ErrNotAttributable", err)
 	}
-	for _, c := range []config.Counter{
+	for _, c := range []counter.Counter{
 		{Name: "s", Source: "likes", Key: "post_id", Sum: "gone"},
 		{Name: "w", Source: "likes", Key: "post_id", Where: map[string]*string{"gone": nil}},
 	} {
-		a = New(Options{Counters: []config.Counter{c}})
+		a = New(Options{Counters: []counter.Counter{c}})
 		if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) || !strings.Contains(err.Error(), `"gone"`) {
 			t.Fatalf("counter %s with a missing column: err = %v, want ErrNotAttributable naming it", c.Name, err)
-		}
-	}
-}
-
-func TestParseInt(t *testing.T) {
-	for in, want := range map[string]int64{"0": 0, "42": 42, "-42": -42, "+7": 7, "9223372036854775807": 1<<63 - 1, "-9223372036854775808": -1 << 63} {
-		got, err := parseInt([]byte(in))
-		if err != nil || got != want {
-			t.Errorf("parseInt(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "-", "1.0", "abc", "9223372036854775808", "12345678901234567890"} {
-		if _, err := parseInt([]byte(in)); err == nil {
-			t.Errorf("parseInt(%q): no error", in)
 		}
 	}
 }
@@ -198,7 +186,7 @@ func del(post string) cdc.Event {
 func TestCoalescingAndSkipping(t *testing.T) {
 	ctx := context.Background()
 	buf := &recordingBuffer{}
-	a := New(Options{Counters: []config.Counter{countAll}, Buffer: buf, Start: 0x200})
+	a := New(Options{Counters: []counter.Counter{countAll}, Buffer: buf, Start: 0x200})
 	var evs []cdc.Event
 	evs = append(evs, txn(1, 0x100, 0x150, ins("1"))...)           // replayed: below Start
 	evs = append(evs, txn(2, 0x1f0, 0x200, ins("1"))...)           // replayed: ends at Start
@@ -235,7 +223,7 @@ func TestCoalescingAndSkipping(t *testing.T) {
 func TestHeartbeatOnlyBatchMovesTheChain(t *testing.T) {
 	ctx := context.Background()
 	buf := &recordingBuffer{}
-	a := New(Options{Counters: []config.Counter{countAll}, Buffer: buf, Start: 0x10})
+	a := New(Options{Counters: []counter.Counter{countAll}, Buffer: buf, Start: 0x10})
 	msgEv := cdc.Event{Kind: cdc.KindMessage, Prefix: cdc.MessagePrefix, Content: []byte(`{"heartbeat":"x"}`)}
 	if err := a.Process(ctx, txn(9, 0x20, 0x30, msgEv)); err != nil {
 		t.Fatal(err)
@@ -252,7 +240,7 @@ func TestTruncateIsABarrier(t *testing.T) {
 	ctx := context.Background()
 	buf := &recordingBuffer{}
 	bar := &recordingBarrier{}
-	a := New(Options{Counters: []config.Counter{countAll, weights}, Buffer: buf, Barrier: bar, Start: 0x10})
+	a := New(Options{Counters: []counter.Counter{countAll, weights}, Buffer: buf, Barrier: bar, Start: 0x10})
 	trunc := cdc.Event{Kind: cdc.KindTruncate, Rels: []*cdc.Relation{likesRel}}
 	evs := txn(1, 0x20, 0x30, ins("1"))
 	evs = append(evs, txn(2, 0x40, 0x50, ins("5"), trunc, ins("2"))...)
@@ -277,9 +265,9 @@ func TestTruncateIsABarrier(t *testing.T) {
 
 func TestFilterValuesAreCanonicalised(t *testing.T) {
 	rel := &cdc.Relation{ID: 9, Namespace: "public", Name: "likes", ReplicaIdentity: 'f',
-		Columns: []cdc.Column{{Name: "post_id", TypeOID: oidInt8}, {Name: "visible", TypeOID: oidBool}, {Name: "kind", TypeOID: oidInt4}}}
-	c := config.Counter{Name: "v", Source: "likes", Key: "post_id", Where: map[string]*string{"visible": strp("true"), "kind": strp("007")}}
-	a := New(Options{Counters: []config.Counter{c}})
+		Columns: []cdc.Column{{Name: "post_id", TypeOID: pgtype.Int8OID}, {Name: "visible", TypeOID: pgtype.BoolOID}, {Name: "kind", TypeOID: pgtype.Int4OID}}}
+	c := counter.Counter{Name: "v", Source: "likes", Key: "post_id", Where: map[string]*string{"visible": strp("true"), "kind": strp("007")}}
+	a := New(Options{Counters: []counter.Counter{c}})
 	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: rel, New: cdc.Tuple{Cols: []cdc.Value{txt("5"), txt("t"), txt("7")}}}
 	if err := a.change(&ev); err != nil {
 		t.Fatal(err)
@@ -292,110 +280,11 @@ func TestFilterValuesAreCanonicalised(t *testing.T) {
 // numericTypmod is the type modifier of numeric(p,s).
 func numericTypmod(p, s int) int32 { return int32(p<<16|s&0x7ff) + 4 }
 
-func TestSumScale(t *testing.T) {
-	tests := []struct {
-		name    string
-		oid     uint32
-		typmod  int32
-		want    int
-		refused bool
-	}{
-		{"bigint", oidInt8, -1, 0, false},
-		{"integer", oidInt4, -1, 0, false},
-		{"smallint", oidInt2, -1, 0, false},
-		{"numeric(12,2)", oidNumeric, numericTypmod(12, 2), 2, false},
-		{"numeric(10,0)", oidNumeric, numericTypmod(10, 0), 0, false},
-		{"numeric(18,9)", oidNumeric, numericTypmod(18, 9), 9, false},
-		{"numeric(5,-2)", oidNumeric, numericTypmod(5, -2), 0, false},
-		{"numeric", oidNumeric, -1, 0, true},
-		{"numeric(20,10)", oidNumeric, numericTypmod(20, 10), 0, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := SumScale(tc.oid, tc.typmod)
-			if tc.refused {
-				if !errors.Is(err, ErrUnsupportedSum) || !errors.Is(err, ErrBadValue) {
-					t.Fatalf("SumScale = %d, %v; want ErrUnsupportedSum", got, err)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("SumScale = %d, %v; want %d", got, err, tc.want)
-			}
-		})
-	}
-}
-
-func TestParseScaled(t *testing.T) {
-	good := []struct {
-		in    string
-		scale int
-		want  int64
-	}{
-		{"12.5", 2, 1250},
-		{"12.50", 2, 1250},
-		{"12", 2, 1200},
-		{"12.", 2, 1200},
-		{".5", 2, 50},
-		{"0.01", 2, 1},
-		{"-0.01", 2, -1},
-		{"-12.34", 2, -1234},
-		{"+3.1", 1, 31},
-		{"0.000000001", 9, 1},
-		{"0.00", 2, 0},
-		{"-0.00", 2, 0},
-		{"42", 0, 42},
-		{"92233720368547758.07", 2, 1<<63 - 1},
-		{"-92233720368547758.08", 2, -1 << 63},
-		{"9223372036.854775807", 9, 1<<63 - 1},
-	}
-	for _, tc := range good {
-		got, err := parseScaled([]byte(tc.in), tc.scale)
-		if err != nil || got != tc.want {
-			t.Errorf("parseScaled(%q, %d) = %d, %v; want %d", tc.in, tc.scale, got, err, tc.want)
-		}
-	}
-	bad := []struct {
-		in    string
-		scale int
-	}{
-		{"12.345", 2}, // more digits than the scale
-		{"12.500", 2}, // even zeros: the column's own scale never has them
-		{"1.5", 0},
-		{"", 2},
-		{"-", 2},
-		{".", 2},
-		{"1..2", 2},
-		{"1.2.3", 2},
-		{"NaN", 2},
-		{"Infinity", 2},
-		{"1e5", 2},
-		{"1,5", 2},
-		{" 1", 2},
-		{"92233720368547758.08", 2},
-		{"-92233720368547758.09", 2},
-		{"99999999999999999999999", 2},
-		{"1", 10},
-	}
-	for _, tc := range bad {
-		if got, err := parseScaled([]byte(tc.in), tc.scale); !errors.Is(err, ErrBadValue) {
-			t.Errorf("parseScaled(%q, %d) = %d, %v; want ErrBadValue", tc.in, tc.scale, got, err)
-		}
-	}
-}
-
-func TestParseScaledDoesNotAllocate(t *testing.T) {
-	in := []byte("-1234567.89")
-	if n := testing.AllocsPerRun(100, func() { _, _ = parseScaled(in, 2) }); n != 0 {
-		t.Fatalf("parseScaled allocates %.0f times per call", n)
-	}
-}
-
 // likesNumeric is likes with weight numeric(12,2).
 var likesNumeric = &cdc.Relation{
 	ID: 3, Namespace: "public", Name: "likes", ReplicaIdentity: 'f',
-	Columns: []cdc.Column{{Name: "id", Key: true, TypeOID: oidInt8}, {Name: "post_id", TypeOID: oidInt8},
-		{Name: "state", TypeOID: 25}, {Name: "weight", TypeOID: oidNumeric, TypMod: numericTypmod(12, 2)}},
+	Columns: []cdc.Column{{Name: "id", Key: true, TypeOID: pgtype.Int8OID}, {Name: "post_id", TypeOID: pgtype.Int8OID},
+		{Name: "state", TypeOID: 25}, {Name: "weight", TypeOID: pgtype.NumericOID, TypMod: numericTypmod(12, 2)}},
 }
 
 func TestNumericSumAlgebra(t *testing.T) {
@@ -421,7 +310,7 @@ func TestNumericSumAlgebra(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a := New(Options{Counters: []config.Counter{weights}})
+			a := New(Options{Counters: []counter.Counter{weights}})
 			ev := cdc.Event{Kind: cdc.KindChange, Op: tc.op, Rel: likesNumeric, Old: tc.old, New: tc.new}
 			if err := a.change(&ev); err != nil {
 				t.Fatal(err)
@@ -434,15 +323,15 @@ func TestNumericSumAlgebra(t *testing.T) {
 }
 
 func TestNumericSumErrors(t *testing.T) {
-	a := New(Options{Counters: []config.Counter{weights}})
+	a := New(Options{Counters: []counter.Counter{weights}})
 	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesNumeric, New: row(txt("7"), null, txt("1.005"))}
-	if err := a.change(&ev); !errors.Is(err, ErrBadValue) {
-		t.Fatalf("three fractional digits at scale 2: err = %v, want ErrBadValue", err)
+	if err := a.change(&ev); !errors.Is(err, counter.ErrBadValue) {
+		t.Fatalf("three fractional digits at scale 2: err = %v, want counter.ErrBadValue", err)
 	}
-	a = New(Options{Counters: []config.Counter{weights}})
+	a = New(Options{Counters: []counter.Counter{weights}})
 	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: likesNumeric, New: row(txt("7"), null, txt("NaN"))}
-	if err := a.change(&ev); !errors.Is(err, ErrBadValue) {
-		t.Fatalf("NaN: err = %v, want ErrBadValue", err)
+	if err := a.change(&ev); !errors.Is(err, counter.ErrBadValue) {
+		t.Fatalf("NaN: err = %v, want counter.ErrBadValue", err)
 	}
 
 	for _, typmod := range []int32{-1, numericTypmod(30, 12)} {
@@ -450,11 +339,11 @@ func TestNumericSumErrors(t *testing.T) {
 		rel.ID = 4
 		rel.Columns = append([]cdc.Column(nil), likesNumeric.Columns...)
 		rel.Columns[3].TypMod = typmod
-		a = New(Options{Counters: []config.Counter{countAll, weights}})
+		a = New(Options{Counters: []counter.Counter{countAll, weights}})
 		ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: &rel, New: row(txt("7"), null, txt("1"))}
 		err := a.change(&ev)
-		if !errors.Is(err, ErrUnsupportedSum) {
-			t.Fatalf("typmod %d: err = %v, want ErrUnsupportedSum", typmod, err)
+		if !errors.Is(err, counter.ErrUnsupportedSum) {
+			t.Fatalf("typmod %d: err = %v, want counter.ErrUnsupportedSum", typmod, err)
 		}
 		if !strings.Contains(err.Error(), `ALTER TABLE public.likes ALTER COLUMN "weight" TYPE numeric(12,2)`) {
 			t.Errorf("error does not say how to fix it: %v", err)
@@ -475,7 +364,7 @@ func (c *countingBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []redisbuf.Del
 // them within MaxPendingAge.
 func TestRunCoalescesSingleRowTransactions(t *testing.T) {
 	buf := &countingBuffer{}
-	a := New(Options{Counters: []config.Counter{countAll}, Buffer: buf, MaxPendingAge: 200 * time.Millisecond})
+	a := New(Options{Counters: []counter.Counter{countAll}, Buffer: buf, MaxPendingAge: 200 * time.Millisecond})
 	in := make(chan *cdc.Batch)
 	done := make(chan error, 1)
 	go func() { done <- a.Run(context.Background(), in, nil) }()

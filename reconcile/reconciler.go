@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/metrics"
 )
@@ -46,7 +47,7 @@ type FlushFunc func(ctx context.Context) error
 type Options struct {
 	Pool     *pgxpool.Pool
 	Slot     string
-	Counters []config.Counter
+	Counters []counter.Counter
 	// BatchSize is the number of keys per measurement; default
 	// config.DefaultReconcileBatchSize.
 	BatchSize int
@@ -245,13 +246,13 @@ func (r *Reconciler) names() []string {
 	return out
 }
 
-func (r *Reconciler) counter(name string) (config.Counter, bool) {
+func (r *Reconciler) counter(name string) (counter.Counter, bool) {
 	for _, c := range r.opt.Counters {
 		if c.Name == name {
 			return c, true
 		}
 	}
-	return config.Counter{}, false
+	return counter.Counter{}, false
 }
 
 // backfill reconciles the counters that are new or changed, so adding
@@ -295,12 +296,12 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 		run.Total = 0
 		for _, name := range run.Counters {
 			if c, ok := r.counter(name); ok {
-				sql, err := resolveCounter(ctx, r.opt.Pool, c)
+				sql, err := counter.Resolve(ctx, r.opt.Pool, c)
 				if err != nil {
 					return r.fail(ctx, run, err)
 				}
 				var n int64
-				if err := r.opt.Pool.QueryRow(ctx, sql.total).Scan(&n); err != nil {
+				if err := r.opt.Pool.QueryRow(ctx, sql.Total).Scan(&n); err != nil {
 					return r.fail(ctx, run, fmt.Errorf("count target rows: %w", err))
 				}
 				run.Total += n
@@ -399,8 +400,8 @@ func (r *Reconciler) finish(run RunInfo) {
 }
 
 // reconcileCounter walks c's target table in key order.
-func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c config.Counter) error {
-	sql, err := resolveCounter(ctx, r.opt.Pool, c)
+func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c counter.Counter) error {
+	sql, err := counter.Resolve(ctx, r.opt.Pool, c)
 	if err != nil {
 		return err
 	}
@@ -450,8 +451,8 @@ func (r *Reconciler) pace(ctx context.Context) {
 	}
 }
 
-func (r *Reconciler) scan(ctx context.Context, sql *counterSQL, after any, n int) ([]string, error) {
-	rows, err := r.opt.Pool.Query(ctx, sql.scan, after, n)
+func (r *Reconciler) scan(ctx context.Context, sql *counter.Resolved, after any, n int) ([]string, error) {
+	rows, err := r.opt.Pool.Query(ctx, sql.Scan, after, n)
 	if err != nil {
 		return nil, fmt.Errorf("scan target keys: %w", err)
 	}
@@ -465,7 +466,7 @@ func (r *Reconciler) scan(ctx context.Context, sql *counterSQL, after any, n int
 // checkBatch measures keys; where it finds drift it measures the drifted
 // keys again and corrects those whose two measurements agree. It returns
 // the drifted keys (both measurements agree) and those corrected.
-func (r *Reconciler) checkBatch(ctx context.Context, sql *counterSQL, keys []string, dry bool) (drift, applied []KeyDrift, err error) {
+func (r *Reconciler) checkBatch(ctx context.Context, sql *counter.Resolved, keys []string, dry bool) (drift, applied []KeyDrift, err error) {
 	first, err := r.measureRetrying(ctx, sql, keys, nil, false)
 	if err != nil || len(first.drift) == 0 {
 		return nil, nil, err
@@ -500,7 +501,7 @@ func (r *Reconciler) checkBatch(ctx context.Context, sql *counterSQL, keys []str
 
 // measureRetrying repeats a measurement that a session restart or a
 // timeout interrupted.
-func (r *Reconciler) measureRetrying(ctx context.Context, sql *counterSQL, keys []string, prev map[string]int64, apply bool) (outcome, error) {
+func (r *Reconciler) measureRetrying(ctx context.Context, sql *counter.Resolved, keys []string, prev map[string]int64, apply bool) (outcome, error) {
 	var err error
 	for attempt := 1; attempt <= DefaultMaxAttempts; attempt++ {
 		var out outcome
@@ -515,15 +516,15 @@ func (r *Reconciler) measureRetrying(ctx context.Context, sql *counterSQL, keys 
 		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
 		}
 	}
-	return outcome{}, fmt.Errorf("measure %d keys of %s: gave up after %d attempts: %w", len(keys), sql.name, DefaultMaxAttempts, err)
+	return outcome{}, fmt.Errorf("measure %d keys of %s: gave up after %d attempts: %w", len(keys), sql.Counter.Name, DefaultMaxAttempts, err)
 }
 
 // measure runs one bracketed measurement (see the package documentation).
-func (r *Reconciler) measure(ctx context.Context, sql *counterSQL, keys []string, prev map[string]int64, apply bool) (outcome, error) {
+func (r *Reconciler) measure(ctx context.Context, sql *counter.Resolved, keys []string, prev map[string]int64, apply bool) (outcome, error) {
 	r.seq++
 	m := &measurement{
 		id:      strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatInt(r.seq, 10),
-		counter: sql.name,
+		counter: sql.Counter.Name,
 		keys:    keys,
 		prev:    prev,
 		apply:   apply,
@@ -615,7 +616,7 @@ func (r *Reconciler) waitCheckpoint(ctx context.Context, lsn cdc.LSN, failed <-c
 
 // read takes the snapshot S and reads W_S, the truth and the column in
 // it.
-func (r *Reconciler) read(ctx context.Context, sql *counterSQL, keys []string) (Snapshot, cdc.LSN, map[string]int64, map[string]int64, error) {
+func (r *Reconciler) read(ctx context.Context, sql *counter.Resolved, keys []string) (Snapshot, cdc.LSN, map[string]int64, map[string]int64, error) {
 	var snap Snapshot
 	var ws cdc.LSN
 	truth := make(map[string]int64, len(keys))
@@ -631,10 +632,10 @@ func (r *Reconciler) read(ctx context.Context, sql *counterSQL, keys []string) (
 		if snap, err = ParseSnapshot(s); err != nil {
 			return err
 		}
-		if err := collect(ctx, tx, sql.truth, append([]any{keys}, sql.filterArgs...), truth); err != nil {
+		if err := collect(ctx, tx, sql.Truth, append([]any{keys}, sql.FilterArgs...), truth); err != nil {
 			return fmt.Errorf("read true values: %w", err)
 		}
-		if err := collect(ctx, tx, sql.column, []any{keys}, column); err != nil {
+		if err := collect(ctx, tx, sql.Column, []any{keys}, column); err != nil {
 			return fmt.Errorf("read counter column: %w", err)
 		}
 		return nil

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 )
 
 // SchemaDDL creates the tables that keep reconciliation progress, so a run
@@ -141,14 +141,14 @@ WHERE id = $1`, r.ID, r.Status, r.CurCounter, r.LastKey, r.Total, r.KeysChecked,
 	return nil
 }
 
-func definition(c config.Counter) string {
+func definition(c counter.Counter) string {
 	b, _ := json.Marshal(c)
 	return string(b)
 }
 
 // needBackfill returns the counters that were never backfilled or whose
 // definition changed.
-func (s store) needBackfill(ctx context.Context, counters []config.Counter) ([]string, error) {
+func (s store) needBackfill(ctx context.Context, counters []counter.Counter) ([]string, error) {
 	var out []string
 	for _, c := range counters {
 		var def string
@@ -165,7 +165,7 @@ func (s store) needBackfill(ctx context.Context, counters []config.Counter) ([]s
 	return out, nil
 }
 
-func (s store) backfilled(ctx context.Context, c config.Counter) error {
+func (s store) backfilled(ctx context.Context, c counter.Counter) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, $2, $3, now())
 ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, backfilled_at = excluded.backfilled_at`, s.slot, c.Name, definition(c))
 	if err != nil {

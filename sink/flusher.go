@@ -10,12 +10,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redisbuf"
@@ -36,7 +35,7 @@ type Options struct {
 	Pool     *pgxpool.Pool
 	Buffer   *redisbuf.Buffer
 	Slot     string
-	Counters []config.Counter
+	Counters []counter.Counter
 	// Ack is called with every new W; nil ignores it.
 	Ack AckFunc
 	// Lag receives the applied positions for walcount_apply_lag_seconds;
@@ -53,7 +52,7 @@ type Options struct {
 type Flusher struct {
 	opt     Options
 	log     *zap.Logger
-	targets map[string]*target
+	targets map[string]*counter.Resolved
 
 	mu        sync.Mutex
 	w         cdc.LSN
@@ -71,9 +70,9 @@ func NewFlusher(ctx context.Context, opt Options) (*Flusher, error) {
 	if opt.Metrics == nil {
 		opt.Metrics = metrics.New()
 	}
-	f := &Flusher{opt: opt, log: opt.Logger, targets: make(map[string]*target)}
+	f := &Flusher{opt: opt, log: opt.Logger, targets: make(map[string]*counter.Resolved)}
 	for _, c := range opt.Counters {
-		t, err := resolveTarget(ctx, opt.Pool, c)
+		t, err := counter.Resolve(ctx, opt.Pool, c)
 		if err != nil {
 			return nil, err
 		}
@@ -190,7 +189,7 @@ func (f *Flusher) committed(w cdc.LSN) {
 
 // counterBatch is one counter's deltas, sorted by key.
 type counterBatch struct {
-	t      *target
+	t      *counter.Resolved
 	keys   []string
 	deltas []int64
 }
@@ -231,7 +230,7 @@ func (f *Flusher) group(fields map[string]string) ([]*counterBatch, error) {
 		sort.Sort(byKey{b})
 		out = append(out, b)
 	}
-	slices.SortFunc(out, func(a, b *counterBatch) int { return compareStrings(a.t.counter, b.t.counter) })
+	slices.SortFunc(out, func(a, b *counterBatch) int { return compareStrings(a.t.Counter.Name, b.t.Counter.Name) })
 	return out, nil
 }
 
@@ -255,7 +254,7 @@ func (s byKey) Swap(i, j int) {
 }
 func (s byKey) Less(i, j int) bool {
 	a, b := s.b.keys[i], s.b.keys[j]
-	if s.b.t.intKey {
+	if s.b.t.IntKey {
 		x, errx := strconv.ParseInt(a, 10, 64)
 		y, erry := strconv.ParseInt(b, 10, 64)
 		if errx == nil && erry == nil {
@@ -269,7 +268,7 @@ func (s byKey) Less(i, j int) bool {
 // W=from to upto first, then optional resets (a TRUNCATE barrier), then
 // the counter updates. It reports false, without error, when the batch
 // had already been committed.
-func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*counterBatch, resets []*target) (bool, error) {
+func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*counterBatch, resets []*counter.Resolved) (bool, error) {
 	tx, err := f.opt.Pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("begin flush: %w", err)
@@ -295,17 +294,17 @@ WHERE slot_name = $1 AND lsn = $3::text::pg_lsn`, f.opt.Slot, upto.String(), fro
 		return false, nil
 	}
 	for _, t := range resets {
-		if _, err := tx.Exec(ctx, t.reset); err != nil {
-			return false, fmt.Errorf("reset counter %s: %w", t.counter, err)
+		if _, err := tx.Exec(ctx, t.Reset); err != nil {
+			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
 		}
 	}
 	for _, b := range batches {
 		var flushed, dropped int64
 		for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
 			hi := min(lo+f.opt.ChunkSize, len(b.keys))
-			tag, err := tx.Exec(ctx, b.t.update, b.keys[lo:hi], b.deltas[lo:hi])
+			tag, err := tx.Exec(ctx, b.t.Flush, b.keys[lo:hi], b.deltas[lo:hi])
 			if err != nil {
-				return false, fmt.Errorf("update counter %s: %w", b.t.counter, err)
+				return false, fmt.Errorf("update counter %s: %w", b.t.Counter.Name, err)
 			}
 			n := int64(hi - lo)
 			flushed += n
@@ -313,11 +312,11 @@ WHERE slot_name = $1 AND lsn = $3::text::pg_lsn`, f.opt.Slot, upto.String(), fro
 				dropped += d
 			}
 		}
-		f.opt.Metrics.DeltasFlushed.WithLabelValues(b.t.counter).Add(float64(flushed - dropped))
+		f.opt.Metrics.DeltasFlushed.WithLabelValues(b.t.Counter.Name).Add(float64(flushed - dropped))
 		if dropped > 0 {
 			// The target rows went away; the Rails buffer pattern drops
 			// these deltas too.
-			f.opt.Metrics.DeltasDropped.WithLabelValues(b.t.counter).Add(float64(dropped))
+			f.opt.Metrics.DeltasDropped.WithLabelValues(b.t.Counter.Name).Add(float64(dropped))
 		}
 	}
 	if err := failpoint.Inject(failpoint.BeforeCommit); err != nil {
@@ -339,7 +338,7 @@ func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, delt
 	if _, err := f.flushLocked(ctx); err != nil {
 		return err
 	}
-	var resets []*target
+	var resets []*counter.Resolved
 	for _, name := range reset {
 		if t := f.targets[name]; t != nil {
 			resets = append(resets, t)
@@ -364,6 +363,3 @@ func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, delt
 	f.log.Info("applied truncate barrier", zap.Strings("counters", reset), zap.String("lsn", end.String()))
 	return nil
 }
-
-// ensure pgx stays imported for Querier users.
-var _ Querier = (pgx.Tx)(nil)

@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/walcount/walcount/counter"
+)
 
 // Defaults of the settings. Each is documented in README.md.
 const (
@@ -60,8 +64,8 @@ type Config struct {
 	// backend holding a lock, when they share a host) or "normal".
 	CPUScheduling string `yaml:"cpu_scheduling"`
 	// Counters are the counter caches to maintain; empty means
-	// []Counter{DefaultCounter()}.
-	Counters []Counter `yaml:"counters"`
+	// []counter.Counter{counter.Default()}.
+	Counters []counter.Counter `yaml:"counters"`
 	// SlotSettings tune slot monitoring.
 	SlotSettings SlotSettings `yaml:"slot_monitor"`
 	// Reconcile tunes reconciliation.
@@ -96,7 +100,7 @@ func Default() Config {
 		HTTPAddr:          DefaultHTTPAddr,
 		LogLevel:          "info",
 		CPUScheduling:     CPUSchedulingBatch,
-		Counters:          []Counter{DefaultCounter()},
+		Counters:          []counter.Counter{counter.Default()},
 		SlotSettings: SlotSettings{
 			PollInterval: DefaultSlotPollInterval,
 			MaxLagBytes:  DefaultMaxLagBytes,

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/walcount/walcount/counter"
 )
 
 // Environment variables read by Load. DESIGN §6 fixes their names.
@@ -264,23 +266,23 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 // fileCounters turns the counters of a file into Counters: column names are
 // read as SQL identifiers (lowercased unless double-quoted) and where values
 // must be scalars or null.
-func fileCounters(in []fileCounter) ([]Counter, []Problem) {
+func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 	var problems []Problem
-	out := make([]Counter, len(in))
+	out := make([]counter.Counter, len(in))
 	for i, fc := range in {
-		field := counterField(i, fc.Name)
+		field := counter.FieldPath(i, fc.Name)
 		col := func(name, v string) string {
 			if v == "" {
 				return ""
 			}
-			id, err := parseIdent(v)
+			id, err := counter.ParseIdent(v)
 			if err != nil {
 				problems = append(problems, Problem{Field: field + "." + name, Msg: err.Error()})
 				return v
 			}
 			return id
 		}
-		c := Counter{
+		c := counter.Counter{
 			Name:      fc.Name,
 			Source:    fc.Source,
 			Key:       col("key", fc.Key),

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -9,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/walcount/walcount/counter"
 )
 
 // MaxFlushInterval bounds FlushInterval. Longer intervals hold the slot's
@@ -17,24 +18,11 @@ import (
 // far past any useful coalescing.
 const MaxFlushInterval = time.Hour
 
-// maxIdentLen is PostgreSQL's NAMEDATALEN-1: longer names are truncated by
-// the server, so a longer name in the file could never match a catalog entry.
-const maxIdentLen = 63
-
 var (
-	// counterName is what a counter name may look like: it appears in
-	// metric labels, log fields and Redis hash fields.
-	counterName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 	// slotName is what PostgreSQL accepts as a replication slot name
 	// (ReplicationSlotValidateName). Publication names are held to the
 	// same rule so that both can be written unquoted in fixes and docs.
 	slotName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-	// plainIdent is an unquoted SQL identifier; PostgreSQL folds it to
-	// lower case.
-	plainIdent = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
-	// canonicalIdent is an identifier that needs no quotes in the
-	// canonical "schema.table" form.
-	canonicalIdent = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
 )
 
 // logLevels are the levels --log-level and log_level accept.
@@ -158,227 +146,11 @@ func (c *Config) Validate() error {
 		add("reconcile.interval", "%s is out of range: must be 0 (off) or more", *c.Reconcile.Interval)
 	}
 
-	ps = append(ps, validateCounters(c.Counters)...)
+	for _, p := range counter.Validate(c.Counters) {
+		ps = append(ps, Problem{Field: p.Field, Msg: p.Msg})
+	}
 	if len(ps) > 0 {
 		return &Error{Problems: ps}
 	}
 	return nil
-}
-
-// validateCounters checks the counters and canonicalises their tables in
-// place.
-func validateCounters(cs []Counter) []Problem {
-	var ps []Problem
-	names := map[string]int{}
-	// written maps "target.column" to the index of the counter writing it.
-	written := map[string]int{}
-
-	for i := range cs {
-		c := &cs[i]
-		field := counterField(i, c.Name)
-		add := func(sub, format string, args ...any) {
-			ps = append(ps, Problem{Field: field + "." + sub, Msg: fmt.Sprintf(format, args...)})
-		}
-
-		switch {
-		case c.Name == "":
-			add("name", "required")
-		case !counterName.MatchString(c.Name):
-			add("name", "%q must be 1 to 63 lower-case letters, digits and underscores, starting with a letter", c.Name)
-		default:
-			if j, dup := names[c.Name]; dup {
-				add("name", "also used by counters[%d]: names must be unique", j)
-			} else {
-				names[c.Name] = i
-			}
-		}
-
-		table := func(sub string, v *string) bool {
-			if *v == "" {
-				add(sub, "required")
-				return false
-			}
-			schema, tbl, err := parseTable(*v)
-			if err != nil {
-				add(sub, "%v", err)
-				return false
-			}
-			*v = canonicalTable(schema, tbl)
-			return true
-		}
-		table("source", &c.Source)
-		tgtOK := table("target", &c.Target)
-
-		column := func(sub, v string, required bool) {
-			switch {
-			case v == "" && required:
-				add(sub, "required")
-			case v == "":
-			case len(v) > maxIdentLen:
-				add(sub, "%q is longer than %d bytes", v, maxIdentLen)
-			case strings.ContainsRune(v, 0):
-				add(sub, "contains a NUL byte")
-			}
-		}
-		column("key", c.Key, true)
-		column("target_key", c.TargetKey, true)
-		column("column", c.Column, true)
-		column("sum", c.Sum, false)
-		for k := range c.Where {
-			column("where."+k, k, true)
-		}
-
-		if tgtOK && c.Column != "" {
-			if c.Column == c.TargetKey {
-				add("column", "%q is also the target_key", c.Column)
-			}
-			w := c.Target + "." + c.Column
-			if j, dup := written[w]; dup {
-				add("column", "%s is already written by counters[%d] (%s): two counters cannot write one column", w, j, cs[j].Name)
-			} else {
-				written[w] = i
-			}
-		}
-	}
-
-	// A counter column must not feed a counter: if it were a key, filter or
-	// summed column of a counted table, every flush would change the rows
-	// being counted and the counts would chase their own tail through the
-	// WAL forever.
-	for i, c := range cs {
-		for j, d := range cs {
-			if c.Target != d.Source || c.Column == "" {
-				continue
-			}
-			_, inWhere := d.Where[c.Column]
-			if c.Column == d.Key || c.Column == d.Sum || inWhere {
-				ps = append(ps, Problem{
-					Field: counterField(i, c.Name) + ".column",
-					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key, sum or where column of a counted table", c.Target, c.Column, j, d.Name),
-				})
-			}
-		}
-	}
-	return ps
-}
-
-// counterField names counter i in problems: "counters[1] (post_likes)".
-func counterField(i int, name string) string {
-	if name == "" {
-		return fmt.Sprintf("counters[%d]", i)
-	}
-	return fmt.Sprintf("counters[%d] (%s)", i, name)
-}
-
-// SplitTable splits a table name of the configuration into schema and
-// table. An unqualified name is in schema public. Unquoted parts are folded
-// to lower case as PostgreSQL does; double-quoted parts are kept as they
-// are ("My""Table" is My"Table). Names that Validate rejects are returned
-// as they are, in schema public.
-func SplitTable(name string) (schema, table string) {
-	s, t, err := parseTable(name)
-	if err != nil {
-		return "public", name
-	}
-	return s, t
-}
-
-// SourceTable returns the schema and table of c.Source.
-func (c Counter) SourceTable() (schema, table string) { return SplitTable(c.Source) }
-
-// TargetTable returns the schema and table of c.Target.
-func (c Counter) TargetTable() (schema, table string) { return SplitTable(c.Target) }
-
-// parseTable parses "table" or "schema.table", each part a plain or a
-// double-quoted identifier.
-func parseTable(name string) (schema, table string, err error) {
-	parts, err := splitQualified(name)
-	if err != nil {
-		return "", "", fmt.Errorf("%q is not a table name: %w", name, err)
-	}
-	switch len(parts) {
-	case 1:
-		return "public", parts[0], nil
-	case 2:
-		return parts[0], parts[1], nil
-	default:
-		return "", "", fmt.Errorf("%q is not a table name: want table or schema.table", name)
-	}
-}
-
-// parseIdent parses one plain or double-quoted identifier and returns the
-// name PostgreSQL would store.
-func parseIdent(s string) (string, error) {
-	parts, err := splitQualified(s)
-	if err != nil {
-		return "", fmt.Errorf("%q is not a column name: %w", s, err)
-	}
-	if len(parts) != 1 {
-		return "", fmt.Errorf("%q is not a column name: it must not be qualified", s)
-	}
-	return parts[0], nil
-}
-
-// splitQualified splits a dotted name into identifiers.
-func splitQualified(s string) ([]string, error) {
-	var parts []string
-	for {
-		var part string
-		if strings.HasPrefix(s, `"`) {
-			var b strings.Builder
-			i := 1
-			for {
-				j := strings.IndexByte(s[i:], '"')
-				if j < 0 {
-					return nil, errors.New("unterminated double quote")
-				}
-				b.WriteString(s[i : i+j])
-				i += j + 1
-				if i < len(s) && s[i] == '"' { // "" is an escaped quote
-					b.WriteByte('"')
-					i++
-					continue
-				}
-				break
-			}
-			part, s = b.String(), s[i:]
-			if part == "" {
-				return nil, errors.New("empty quoted identifier")
-			}
-		} else {
-			end := strings.IndexByte(s, '.')
-			if end < 0 {
-				end = len(s)
-			}
-			part, s = s[:end], s[end:]
-			if !plainIdent.MatchString(part) {
-				return nil, fmt.Errorf("%q is not an identifier: use letters, digits, _ and $, or double quotes", part)
-			}
-			part = strings.ToLower(part)
-		}
-		if len(part) > maxIdentLen {
-			return nil, fmt.Errorf("%q is longer than %d bytes", part, maxIdentLen)
-		}
-		parts = append(parts, part)
-		if s == "" {
-			return parts, nil
-		}
-		if s[0] != '.' {
-			return nil, errors.New("unexpected text after a quoted identifier")
-		}
-		s = s[1:]
-	}
-}
-
-// canonicalTable writes schema.table, quoting a part only when an unquoted
-// form would read differently.
-func canonicalTable(schema, table string) string {
-	return canonicalIdentText(schema) + "." + canonicalIdentText(table)
-}
-
-func canonicalIdentText(s string) string {
-	if canonicalIdent.MatchString(s) {
-		return s
-	}
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
 }

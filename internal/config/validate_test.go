@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/walcount/walcount/counter"
 )
 
 func TestParseErrors(t *testing.T) {
@@ -192,7 +194,7 @@ counters:
 		t.Fatalf("Parse: %v", err)
 	}
 	str := func(s string) *string { return &s }
-	want := []Counter{
+	want := []counter.Counter{
 		{Name: "post_likes", Source: "public.likes", Key: "post_id", Target: `public."MyPosts"`, TargetKey: "ID", Column: "likes_count",
 			Where: map[string]*string{"deleted_at": nil, "spam": str("false"), "kind": str("5"), "price": str("1.50"), "state": str("open"), "Mixed": nil}},
 		{Name: "order_total", Source: "shop.orders", Key: "customer_id", Target: "shop.customers", TargetKey: "id", Column: "total", Sum: "amount"},
@@ -251,7 +253,7 @@ func TestParseDefaults(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
-			if len(cfg.Counters) != 1 || cfg.Counters[0].Name != DefaultCounter().Name ||
+			if len(cfg.Counters) != 1 || cfg.Counters[0].Name != counter.Default().Name ||
 				cfg.Counters[0].Source != "public.likes" || cfg.Counters[0].Target != "public.posts" {
 				t.Errorf("Counters = %+v, want the default counter", cfg.Counters)
 			}
@@ -343,38 +345,6 @@ func TestExpand(t *testing.T) {
 				t.Fatalf("Expand(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
 			}
 		})
-	}
-}
-
-func TestSplitTable(t *testing.T) {
-	tests := []struct{ in, schema, table, canonical string }{
-		{"likes", "public", "likes", "public.likes"},
-		{"Likes", "public", "likes", "public.likes"},
-		{"Shop.Orders", "shop", "orders", "shop.orders"},
-		{`"Shop"."Orders"`, "Shop", "Orders", `"Shop"."Orders"`},
-		{`public."a.b"`, "public", "a.b", `public."a.b"`},
-		{`"say ""hi"""`, "public", `say "hi"`, `public."say ""hi"""`},
-		{"t$1", "public", "t$1", "public.t$1"},
-		{"_x", "public", "_x", "public._x"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			s, tb := SplitTable(tt.in)
-			if s != tt.schema || tb != tt.table {
-				t.Fatalf("SplitTable(%q) = %q, %q; want %q, %q", tt.in, s, tb, tt.schema, tt.table)
-			}
-			if c := canonicalTable(s, tb); c != tt.canonical {
-				t.Errorf("canonical form = %q, want %q", c, tt.canonical)
-			}
-			if s2, t2 := SplitTable(tt.canonical); s2 != s || t2 != tb {
-				t.Errorf("SplitTable(canonical %q) = %q, %q", tt.canonical, s2, t2)
-			}
-		})
-	}
-	for _, bad := range []string{"", "a.", ".a", "a b", `"a"b`, `""`, "a.b.c", "1a", `"x`} {
-		if _, _, err := parseTable(bad); err == nil {
-			t.Errorf("parseTable(%q) accepted a bad name", bad)
-		}
 	}
 }
 

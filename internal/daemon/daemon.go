@@ -13,6 +13,7 @@ import (
 
 	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
@@ -109,7 +110,7 @@ func New(opt Options) (*Daemon, error) {
 	}
 	cfg := opt.Config
 	if len(cfg.Counters) == 0 {
-		cfg.Counters = []config.Counter{config.DefaultCounter()}
+		cfg.Counters = []counter.Counter{counter.Default()}
 	}
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
@@ -174,8 +175,8 @@ func (d *Daemon) Redis() *redis.Client { return d.rdb }
 func fatal(err error) bool {
 	return errors.Is(err, failpoint.ErrCrash) ||
 		errors.Is(err, aggregator.ErrNotAttributable) ||
-		errors.Is(err, aggregator.ErrBadValue) ||
-		errors.Is(err, sink.ErrBadTarget) ||
+		errors.Is(err, counter.ErrBadValue) ||
+		errors.Is(err, counter.ErrBadTarget) ||
 		errors.Is(err, sink.ErrNoCheckpoint) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
 		isSlotLost(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/metrics"
@@ -265,7 +266,7 @@ func daemonConfig(dbURL, redisURL string, flush time.Duration) config.Config {
 	cfg.RedisURL = redisURL
 	cfg.Slot = Slot
 	cfg.Publication = Publication
-	cfg.Counters = []config.Counter{Counter()}
+	cfg.Counters = []counter.Counter{Counter()}
 	cfg.FlushInterval = flush
 	cfg.HTTPAddr = ""
 	cfg.SlotSettings.PollInterval = slotPollInterval

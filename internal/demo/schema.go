@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/redisbuf"
 )
 
@@ -28,8 +28,8 @@ const (
 
 // Counter is the demo's counter: the likes of each post in
 // walcount_demo.posts.likes_count, the default counter in the demo schema.
-func Counter() config.Counter {
-	return config.Counter{
+func Counter() counter.Counter {
+	return counter.Counter{
 		Name:      CounterName,
 		Source:    Schema + ".likes",
 		Key:       "post_id",

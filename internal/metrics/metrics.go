@@ -15,7 +15,7 @@ const Namespace = "walcount"
 // Label names.
 const (
 	// LabelCounter is the counter name from the configuration
-	// (config.Counter.Name).
+	// (counter.Counter.Name).
 	LabelCounter = "counter"
 	// LabelOp is the kind of row change; one of the Op constants.
 	LabelOp = "op"

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 )
 
 // checkIdentity checks DESIGN §2 rule 11: the old row of an UPDATE or
@@ -21,29 +21,21 @@ import (
 //
 // A partitioned source table is decoded per partition, with each
 // partition's own identity, so each leaf partition is checked.
-func (r *run) checkIdentity(c config.Counter, src *table, prefix string) error {
-	needed := []string{c.Key}
-	if c.Sum != "" {
-		needed = append(needed, c.Sum)
-	}
-	for _, w := range sortedKeys(c.Where) {
-		if !slices.Contains(needed, w) {
-			needed = append(needed, w)
-		}
-	}
+func (r *run) checkIdentity(c counter.Counter, src *table, prefix string) error {
+	needed := c.ReadColumns()
 
 	type rel struct {
 		oid            uint32
 		sql, replident string
 	}
-	rels := []rel{{src.oid, src.sql, src.replident}}
-	if src.kind == "p" {
+	rels := []rel{{src.OID, src.sql, src.ReplIdent}}
+	if src.Kind == "p" {
 		rels = nil
 		rows, err := r.conn.Query(r.ctx, `
-SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relreplident::text
+SELECT c.OID, quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relreplident::text
 FROM pg_partition_tree($1::regclass) p
-JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE p.isleaf ORDER BY 2`, src.oid)
+JOIN pg_class c ON c.OID = p.relid JOIN pg_namespace n ON n.OID = c.relnamespace
+WHERE p.isleaf ORDER BY 2`, src.OID)
 		if err != nil {
 			return r.queryFailed(CheckReplicaIdentity, prefix+"partitions of "+src.sql, err)
 		}
@@ -85,7 +77,7 @@ WHERE p.isleaf ORDER BY 2`, src.oid)
 }
 
 // identityColumns returns the columns of a relation's replica identity and
-// a description of it. cols is nil for FULL (every column) and for an
+// a description of it. cols is nil for FULL (every counter.Column) and for an
 // identity that carries nothing.
 func (r *run) identityColumns(oid uint32, replident string) (cols []string, desc string, err error) {
 	var cond string
@@ -105,7 +97,7 @@ func (r *run) identityColumns(oid uint32, replident string) (cols []string, desc
 	err = r.conn.QueryRow(r.ctx, `
 SELECT ic.relname, array_agg(a.attname::text ORDER BY k.ord)
 FROM pg_index i
-JOIN pg_class ic ON ic.oid = i.indexrelid
+JOIN pg_class ic ON ic.OID = i.indexrelid
 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = $1 AND `+cond+`

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/pgversion"
 )
@@ -126,7 +127,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	// that the caller's Config is left as it was.
 	cfg.Counters = slices.Clone(cfg.Counters)
 	if len(cfg.Counters) == 0 {
-		cfg.Counters = []config.Counter{config.DefaultCounter()}
+		cfg.Counters = []counter.Counter{counter.Default()}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("validate config: %w", err)

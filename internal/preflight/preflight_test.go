@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/servers"
@@ -432,7 +433,7 @@ func TestTablesAndColumns(t *testing.T) {
 	tests := []struct {
 		name    string
 		schema  string
-		counter func(c *config.Counter)
+		counter func(c *counter.Counter)
 		check   string
 		sev     preflight.Severity
 		msg     string
@@ -445,10 +446,10 @@ func TestTablesAndColumns(t *testing.T) {
 			check: preflight.CheckTable, sev: preflight.Problem, msg: "target table public.posts does not exist",
 			fix: "create it, or set counters[0].target in the config file"},
 		{name: "source is a view", schema: goodSchema + "CREATE VIEW likes_v AS SELECT * FROM likes;",
-			counter: func(c *config.Counter) { c.Source = "public.likes_v" },
+			counter: func(c *counter.Counter) { c.Source = "public.likes_v" },
 			check:   preflight.CheckTable, sev: preflight.Problem, msg: "source public.likes_v is not a table (relkind v)"},
 		{name: "key column missing", schema: goodSchema,
-			counter: func(c *config.Counter) { c.Key = "postid" },
+			counter: func(c *counter.Counter) { c.Key = "postid" },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "column public.likes.postid does not exist",
 			fix: "set counters[0].key in the config file to a column of public.likes"},
 		{name: "counter column missing",
@@ -474,47 +475,47 @@ func TestTablesAndColumns(t *testing.T) {
 			check:  preflight.CheckColumn, sev: preflight.OK, msg: "public.likes.post_id (bigint) counts into public.posts.likes_count (integer), matched on id (smallint)"},
 		{name: "text keys",
 			schema:  "CREATE TABLE posts (slug text PRIMARY KEY, likes_count int NOT NULL); CREATE TABLE likes (post_slug varchar(40) PRIMARY KEY);",
-			counter: func(c *config.Counter) { c.Key, c.TargetKey = "post_slug", "slug" },
+			counter: func(c *counter.Counter) { c.Key, c.TargetKey = "post_slug", "slug" },
 			check:   preflight.CheckColumn, sev: preflight.OK, msg: "public.likes.post_slug (character varying(40))"},
 		{name: "summed column is text", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight text;",
-			counter: func(c *config.Counter) { c.Sum = "weight" },
+			counter: func(c *counter.Counter) { c.Sum = "weight" },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.weight is text"},
 		{name: "numeric sum into bigint", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight numeric;",
-			counter: func(c *config.Counter) { c.Sum = "weight" },
+			counter: func(c *counter.Counter) { c.Sum = "weight" },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.weight is numeric but counter column public.posts.likes_count is bigint",
 			fix: "ALTER TABLE public.posts ALTER COLUMN likes_count TYPE numeric;"},
 		{name: "unconstrained numeric sum", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight numeric; ALTER TABLE posts ADD COLUMN weight numeric NOT NULL DEFAULT 0;",
-			counter: func(c *config.Counter) { c.Sum, c.Column = "weight", "weight" },
+			counter: func(c *counter.Counter) { c.Sum, c.Column = "weight", "weight" },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.weight is numeric: it has no declared scale",
 			fix: "ALTER TABLE public.likes ALTER COLUMN weight TYPE numeric(12,2);"},
 		{name: "numeric sum with scale above 9", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight numeric(20,10); ALTER TABLE posts ADD COLUMN weight numeric NOT NULL DEFAULT 0;",
-			counter: func(c *config.Counter) { c.Sum, c.Column = "weight", "weight" },
+			counter: func(c *counter.Counter) { c.Sum, c.Column = "weight", "weight" },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.weight is numeric(20,10): its scale is above 9",
 			fix: "ALTER TABLE public.likes ALTER COLUMN weight TYPE numeric(12,2);"},
 		{name: "numeric domain sum", schema: goodSchema + "CREATE DOMAIN money2 AS numeric(12,2); ALTER TABLE likes ADD COLUMN weight money2; ALTER TABLE posts ADD COLUMN weight numeric NOT NULL DEFAULT 0;",
-			counter: func(c *config.Counter) { c.Sum, c.Column = "weight", "weight" },
+			counter: func(c *counter.Counter) { c.Sum, c.Column = "weight", "weight" },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.weight is money2, a domain over numeric",
 			fix: "ALTER TABLE public.likes ALTER COLUMN weight TYPE numeric(12,2);"},
 		{name: "numeric sum into a column of smaller scale", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight numeric(12,2); ALTER TABLE posts ADD COLUMN weight numeric(14,1) NOT NULL DEFAULT 0;",
-			counter: func(c *config.Counter) { c.Sum, c.Column = "weight", "weight" },
+			counter: func(c *counter.Counter) { c.Sum, c.Column = "weight", "weight" },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "counter column public.posts.weight is numeric(14,1), which cannot hold its fractional digits",
 			fix: "ALTER TABLE public.posts ALTER COLUMN weight TYPE numeric;"},
 		{name: "numeric(12,2) sum", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight numeric(12,2); ALTER TABLE posts ADD COLUMN weight numeric(14,2) NOT NULL DEFAULT 0;",
-			counter: func(c *config.Counter) { c.Sum, c.Column = "weight", "weight" },
+			counter: func(c *counter.Counter) { c.Sum, c.Column = "weight", "weight" },
 			check:   preflight.CheckColumn, sev: preflight.OK, msg: "counts into public.posts.weight (numeric(14,2))"},
 		{name: "numeric sum of scale 0 into bigint", schema: goodSchema + "ALTER TABLE likes ADD COLUMN weight numeric(10,0);",
-			counter: func(c *config.Counter) { c.Sum = "weight" },
+			counter: func(c *counter.Counter) { c.Sum = "weight" },
 			check:   preflight.CheckColumn, sev: preflight.OK, msg: "counts into public.posts.likes_count (bigint)"},
 		{name: "where column missing", schema: goodSchema,
-			counter: func(c *config.Counter) { c.Where = map[string]*string{"deleted_at": nil} },
+			counter: func(c *counter.Counter) { c.Where = map[string]*string{"deleted_at": nil} },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "column public.likes.deleted_at does not exist"},
 		{name: "where value invalid", schema: goodSchema + "ALTER TABLE likes ADD COLUMN spam boolean;",
-			counter: func(c *config.Counter) { c.Where = map[string]*string{"spam": str("maybe")} },
+			counter: func(c *counter.Counter) { c.Where = map[string]*string{"spam": str("maybe")} },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: `where value "maybe" is not a valid boolean for public.likes.spam`,
 			fix: "fix counters[0].where.spam in the config file"},
 		{name: "quoted names", schema: `CREATE TABLE "Posts" ("ID" bigint PRIMARY KEY, "Likes" bigint NOT NULL);
 CREATE TABLE likes (post_id bigint PRIMARY KEY);`,
-			counter: func(c *config.Counter) { c.Target, c.TargetKey, c.Column = `"Posts"`, "ID", "Likes" },
+			counter: func(c *counter.Counter) { c.Target, c.TargetKey, c.Column = `"Posts"`, "ID", "Likes" },
 			check:   preflight.CheckColumn, sev: preflight.OK, msg: `counts into public."Posts"."Likes" (bigint), matched on "ID" (bigint)`},
 		{name: "key without index",
 			schema: "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL); CREATE TABLE likes (id bigint PRIMARY KEY, post_id bigint NOT NULL);",

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 )
 
 // checkPublication checks that the publication exists, publishes every
@@ -22,7 +22,7 @@ func (r *run) checkPublication() error {
 		if err != nil {
 			return r.queryFailed(CheckPublication, "source table "+c.Source, err)
 		}
-		if t.exists && !slices.Contains(sources, t) {
+		if t.Exists && !slices.Contains(sources, t) {
 			sources = append(sources, t)
 		}
 	}
@@ -90,7 +90,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 	}
 
 	for _, t := range sources {
-		if t.kind == "p" && !viaRoot {
+		if t.Kind == "p" && !viaRoot {
 			// Without it pgoutput names each change by its partition,
 			// which matches no counter.
 			ok = false
@@ -99,7 +99,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 				fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
 			continue
 		}
-		p, found := published[t.schema+"\x00"+t.name]
+		p, found := published[t.Schema+"\x00"+t.Name]
 		if !found {
 			ok = false
 			r.problem(CheckPublication, fmt.Sprintf("publication %s does not include %s", r.cfg.Publication, t.sql),
@@ -142,7 +142,7 @@ type pubTable struct {
 }
 
 // readColumns returns the source columns that the counters on t read.
-func readColumns(counters []config.Counter, t *table) []string {
+func readColumns(counters []counter.Counter, t *table) []string {
 	var cols []string
 	add := func(c string) {
 		if c != "" && !slices.Contains(cols, c) {
@@ -150,13 +150,11 @@ func readColumns(counters []config.Counter, t *table) []string {
 		}
 	}
 	for _, c := range counters {
-		if s, n := config.SplitTable(c.Source); s != t.schema || n != t.name {
+		if s, n := counter.SplitTable(c.Source); s != t.Schema || n != t.Name {
 			continue
 		}
-		add(c.Key)
-		add(c.Sum)
-		for _, w := range sortedKeys(c.Where) {
-			add(w)
+		for _, col := range c.ReadColumns() {
+			add(col)
 		}
 	}
 	return cols

@@ -98,7 +98,7 @@ func (r *run) checkCheckpoint() error {
 	// for a role without USAGE on the schema.
 	err := r.conn.QueryRow(r.ctx, `
 WITH t AS (
-  SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  SELECT c.OID FROM pg_class c JOIN pg_namespace n ON n.OID = c.relnamespace
   WHERE n.nspname = 'walcount' AND c.relname = 'checkpoint')
 SELECT EXISTS (SELECT 1 FROM t),
        coalesce((SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = 'walcount'), false),

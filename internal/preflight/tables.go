@@ -8,40 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/walcount/walcount/aggregator"
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 )
 
-// table is what the catalogs say about one table of a counter.
+// table is what the catalogs say about one table of a counter, and its
+// name as SQL, quoted where needed (public.likes), for the fixes.
 type table struct {
-	schema, name string
-	// sql is the name as SQL, quoted where needed: public.likes.
-	sql    string
-	exists bool
-	oid    uint32
-	// kind is pg_class.relkind: r (table), p (partitioned table), v, m, f...
-	kind string
-	// replident is pg_class.relreplident: d, f, i or n.
-	replident string
-	columns   map[string]column
-}
-
-// column is what the catalogs say about one column.
-type column struct {
-	// base is the type with domains resolved and without modifiers, as
-	// format_type writes it: integer, character varying, numeric.
-	base string
-	// full is the declared type with modifiers, usable in a CAST.
-	full      string
-	notNull   bool
-	generated bool
-	// typeOID and typmod are the declared type and modifier, as pgoutput's
-	// RELATION message sends them; domain is true when the type is a
-	// domain, and baseTypmod is then the domain's modifier.
-	typeOID    uint32
-	typmod     int32
-	domain     bool
-	baseTypmod int32
+	*counter.Table
+	sql string
 }
 
 // keyFamilies maps the key types walcount can carry in Redis and in the
@@ -66,48 +40,12 @@ func (r *run) lookupTable(canonical string) (*table, error) {
 	if t, ok := r.tables[canonical]; ok {
 		return t, nil
 	}
-	schema, name := config.SplitTable(canonical)
-	t := &table{schema: schema, name: name, sql: r.qualified(schema, name)}
-	err := r.conn.QueryRow(r.ctx, `
-SELECT c.oid, c.relkind::text, c.relreplident::text
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&t.oid, &t.kind, &t.replident)
-	switch {
-	case errNoRows(err):
-		r.tables[canonical] = t
-		return t, nil
-	case err != nil:
-		return nil, fmt.Errorf("look up table %s: %w", t.sql, err)
-	}
-	t.exists = true
-	t.columns = map[string]column{}
-	rows, err := r.conn.Query(r.ctx, `
-SELECT a.attname,
-       format_type(CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END, NULL),
-       format_type(a.atttypid, a.atttypmod),
-       a.attnotnull,
-       a.attgenerated <> '',
-       a.atttypid,
-       a.atttypmod,
-       ty.typtype = 'd',
-       CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END
-FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
-WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.oid)
+	schema, name := counter.SplitTable(canonical)
+	ct, err := counter.ReadTable(r.ctx, r.conn, schema, name)
 	if err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", t.sql, err)
+		return nil, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		var c column
-		if err := rows.Scan(&name, &c.base, &c.full, &c.notNull, &c.generated, &c.typeOID, &c.typmod, &c.domain, &c.baseTypmod); err != nil {
-			return nil, fmt.Errorf("read columns of %s: %w", t.sql, err)
-		}
-		t.columns[name] = c
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", t.sql, err)
-	}
+	t := &table{Table: ct, sql: r.qualified(schema, name)}
 	r.tables[canonical] = t
 	return t, nil
 }
@@ -123,7 +61,7 @@ func (r *run) checkCounters() error {
 	return nil
 }
 
-func (r *run) checkCounter(i int, c config.Counter) error {
+func (r *run) checkCounter(i int, c counter.Counter) error {
 	prefix := "counter " + c.Name + ": "
 	src, err := r.lookupTable(c.Source)
 	if err != nil {
@@ -141,13 +79,13 @@ func (r *run) checkCounter(i int, c config.Counter) error {
 		field string
 	}{{src, "source", "source"}, {tgt, "target", "target"}} {
 		switch {
-		case !tt.t.exists:
+		case !tt.t.Exists:
 			tablesOK = false
 			r.configProblem(CheckTable, fmt.Sprintf("%s%s table %s does not exist", prefix, tt.role, tt.t.sql),
 				fmt.Sprintf("create it, or set counters[%d].%s in the config file", i, tt.field))
-		case tt.t.kind != "r" && tt.t.kind != "p":
+		case tt.t.Kind != "r" && tt.t.Kind != "p":
 			tablesOK = false
-			r.configProblem(CheckTable, fmt.Sprintf("%s%s %s is not a table (relkind %s)", prefix, tt.role, tt.t.sql, tt.t.kind),
+			r.configProblem(CheckTable, fmt.Sprintf("%s%s %s is not a table (relkind %s)", prefix, tt.role, tt.t.sql, tt.t.Kind),
 				fmt.Sprintf("set counters[%d].%s to a table", i, tt.field))
 		}
 	}
@@ -166,8 +104,8 @@ func (r *run) checkCounter(i int, c config.Counter) error {
 	}
 	// The identity is about the source alone: it is worth reporting even
 	// when the target is wrong, as long as the columns it must carry exist.
-	for _, col := range readColumns([]config.Counter{c}, src) {
-		if _, found := src.columns[col]; !found {
+	for _, col := range readColumns([]counter.Counter{c}, src) {
+		if _, found := src.Columns[col]; !found {
 			return nil
 		}
 	}
@@ -176,7 +114,7 @@ func (r *run) checkCounter(i int, c config.Counter) error {
 
 // checkColumns checks that every column of the counter exists with a usable
 // type.
-func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix string) error {
+func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix string) error {
 	ok := true
 	bad := func(msg, fix string) {
 		ok = false
@@ -186,8 +124,8 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 		ok = false
 		r.configProblem(CheckColumn, prefix+msg, fix)
 	}
-	need := func(t *table, name, field string) (column, bool) {
-		col, found := t.columns[name]
+	need := func(t *table, name, field string) (counter.Column, bool) {
+		col, found := t.Columns[name]
 		if !found {
 			badConfig(fmt.Sprintf("column %s.%s does not exist", t.sql, r.ident(name)),
 				fmt.Sprintf("set counters[%d].%s in the config file to a column of %s", i, field, t.sql))
@@ -200,30 +138,30 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 	for _, k := range []struct {
 		t     *table
 		name  string
-		col   column
+		col   counter.Column
 		found bool
 	}{{src, c.Key, key, keyOK}, {tgt, c.TargetKey, tkey, tkeyOK}} {
-		if k.found && keyFamilies[k.col.base] == "" {
-			bad(fmt.Sprintf("key column %s.%s is %s: keys must be smallint, integer, bigint, uuid, text or varchar", k.t.sql, r.ident(k.name), k.col.full), "")
+		if k.found && keyFamilies[k.col.Base] == "" {
+			bad(fmt.Sprintf("key column %s.%s is %s: keys must be smallint, integer, bigint, uuid, text or varchar", k.t.sql, r.ident(k.name), k.col.Full), "")
 		}
 	}
-	if keyOK && tkeyOK && keyFamilies[key.base] != "" && keyFamilies[tkey.base] != "" && keyFamilies[key.base] != keyFamilies[tkey.base] {
+	if keyOK && tkeyOK && keyFamilies[key.Base] != "" && keyFamilies[tkey.Base] != "" && keyFamilies[key.Base] != keyFamilies[tkey.Base] {
 		bad(fmt.Sprintf("key %s.%s is %s but target key %s.%s is %s: they cannot be compared",
-			src.sql, r.ident(c.Key), key.full, tgt.sql, r.ident(c.TargetKey), tkey.full), "")
+			src.sql, r.ident(c.Key), key.Full, tgt.sql, r.ident(c.TargetKey), tkey.Full), "")
 	}
 
-	col, found := tgt.columns[c.Column]
+	col, found := tgt.Columns[c.Column]
 	switch {
 	case !found:
 		ok = false
 		r.problem(CheckColumn, fmt.Sprintf("%scounter column %s.%s does not exist", prefix, tgt.sql, r.ident(c.Column)),
 			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s bigint NOT NULL DEFAULT 0; then walcount reconcile", tgt.sql, r.ident(c.Column)))
-	case !slices.Contains(counterTypes, col.base):
-		bad(fmt.Sprintf("counter column %s.%s is %s: it must be integer, bigint or numeric", tgt.sql, r.ident(c.Column), col.full),
+	case !slices.Contains(counterTypes, col.Base):
+		bad(fmt.Sprintf("counter column %s.%s is %s: it must be integer, bigint or numeric", tgt.sql, r.ident(c.Column), col.Full),
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE bigint;", tgt.sql, r.ident(c.Column)))
-	case col.generated:
+	case col.Generated:
 		bad(fmt.Sprintf("counter column %s.%s is a generated column and cannot be updated", tgt.sql, r.ident(c.Column)), "")
-	case !col.notNull:
+	case !col.NotNull:
 		// NULL + delta is NULL: a row that starts NULL never counts.
 		r.warn(CheckColumn,
 			fmt.Sprintf("%scounter column %s.%s allows NULL, and NULL + delta stays NULL", prefix, tgt.sql, r.ident(c.Column)),
@@ -243,7 +181,7 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 		}
 		// Let the server judge the literal, as it will when it compares.
 		var ignored string
-		err := r.conn.QueryRow(r.ctx, "SELECT CAST($1::text AS "+wcol.full+")::text", *c.Where[w]).Scan(&ignored)
+		err := r.conn.QueryRow(r.ctx, "SELECT CAST($1::text AS "+wcol.Full+")::text", *c.Where[w]).Scan(&ignored)
 		if err != nil {
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
@@ -253,62 +191,62 @@ func (r *run) checkColumns(i int, c config.Counter, src, tgt *table, prefix stri
 			if errors.As(err, &pgErr) {
 				msg = pgErr.Message
 			}
-			badConfig(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", *c.Where[w], wcol.full, src.sql, r.ident(w), msg),
+			badConfig(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", *c.Where[w], wcol.Full, src.sql, r.ident(w), msg),
 				fmt.Sprintf("fix counters[%d].where.%s in the config file", i, w))
 		}
 	}
 
 	if ok {
 		r.ok(CheckColumn, fmt.Sprintf("%s%s.%s (%s) counts into %s.%s (%s), matched on %s (%s)",
-			prefix, src.sql, r.ident(c.Key), key.full, tgt.sql, r.ident(c.Column), col.full, r.ident(c.TargetKey), tkey.full))
+			prefix, src.sql, r.ident(c.Key), key.Full, tgt.sql, r.ident(c.Column), col.Full, r.ident(c.TargetKey), tkey.Full))
 	}
 	return nil
 }
 
 // checkSum checks that the summed column can be summed exactly: deltas are
 // int64 counts of 10^-s units, s being the declared scale of a numeric(p,s)
-// column (aggregator.SumScale), and the flush divides them back into the
+// column (counter.SumScale), and the flush divides them back into the
 // counter column, which must keep s fractional digits.
-func (r *run) checkSum(c config.Counter, src, tgt *table, sum, col column, bad func(msg, fix string)) {
+func (r *run) checkSum(c counter.Counter, src, tgt *table, sum, col counter.Column, bad func(msg, fix string)) {
 	name := fmt.Sprintf("%s.%s", src.sql, r.ident(c.Sum))
 	withScale := fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE numeric(12,2);", src.sql, r.ident(c.Sum))
-	if !slices.Contains(sumTypes, sum.base) {
-		bad(fmt.Sprintf("summed column %s is %s: it must be smallint, integer, bigint or numeric", name, sum.full), "")
+	if !slices.Contains(sumTypes, sum.Base) {
+		bad(fmt.Sprintf("summed column %s is %s: it must be smallint, integer, bigint or numeric", name, sum.Full), "")
 		return
 	}
-	if sum.base != "numeric" {
+	if sum.Base != "numeric" {
 		return
 	}
-	if sum.domain {
+	if sum.Domain {
 		// pgoutput sends the domain's OID, whose values walcount reads
 		// as integers: it cannot know the domain's scale.
-		bad(fmt.Sprintf("summed column %s is %s, a domain over numeric: walcount needs the column's own numeric(p,s) type to know its scale", name, sum.full), withScale)
+		bad(fmt.Sprintf("summed column %s is %s, a domain over numeric: walcount needs the column's own numeric(p,s) type to know its scale", name, sum.Full), withScale)
 		return
 	}
-	scale, err := aggregator.SumScale(sum.typeOID, sum.typmod)
+	scale, err := counter.SumScale(sum.TypeOID, sum.TypMod)
 	if err != nil {
 		why := "it has no declared scale, so its values may carry any number of fractional digits"
-		if sum.typmod >= 4 {
-			why = fmt.Sprintf("its scale is above %d, the most an exact int64 sum holds", aggregator.MaxSumScale)
+		if sum.TypMod >= 4 {
+			why = fmt.Sprintf("its scale is above %d, the most an exact int64 sum holds", counter.MaxSumScale)
 		}
-		bad(fmt.Sprintf("summed column %s is %s: %s; declare the scale your values need", name, sum.full, why), withScale)
+		bad(fmt.Sprintf("summed column %s is %s: %s; declare the scale your values need", name, sum.Full, why), withScale)
 		// Whatever its scale becomes, a non-numeric column cannot hold it.
 		scale = 1
 	}
-	if scale == 0 || col.base == "" {
+	if scale == 0 || col.Base == "" {
 		return
 	}
 	colScale := 0
-	if col.base == "numeric" {
+	if col.Base == "numeric" {
 		colScale = scale
-		if t := col.baseTypmod; t >= 4 {
+		if t := col.BaseTypMod; t >= 4 {
 			colScale = int((((t - 4) & 0x7ff) ^ 1024) - 1024)
 		}
 	}
 	if colScale < scale {
 		// Fractions would be rounded on every flush and the column would
 		// drift away from SUM().
-		bad(fmt.Sprintf("summed column %s is %s but counter column %s.%s is %s, which cannot hold its fractional digits", name, sum.full, tgt.sql, r.ident(c.Column), col.full),
+		bad(fmt.Sprintf("summed column %s is %s but counter column %s.%s is %s, which cannot hold its fractional digits", name, sum.Full, tgt.sql, r.ident(c.Column), col.Full),
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE numeric;", tgt.sql, r.ident(c.Column)))
 	}
 }
@@ -316,11 +254,11 @@ func (r *run) checkSum(c config.Counter, src, tgt *table, sum, col column, bad f
 // checkPrivileges checks that the role can read the source (reconcile
 // counts it) and read and update the counter column by the target key (the
 // flush statement).
-func (r *run) checkPrivileges(c config.Counter, src, tgt *table, prefix string) error {
+func (r *run) checkPrivileges(c counter.Counter, src, tgt *table, prefix string) error {
 	var missing []string
 	var fixes []string
 	var srcSelect bool
-	if err := r.conn.QueryRow(r.ctx, "SELECT has_table_privilege($1::oid, 'SELECT')", src.oid).Scan(&srcSelect); err != nil {
+	if err := r.conn.QueryRow(r.ctx, "SELECT has_table_privilege($1::oid, 'SELECT')", src.OID).Scan(&srcSelect); err != nil {
 		return r.queryFailed(CheckPrivilege, prefix+"privileges on "+src.sql, err)
 	}
 	if !srcSelect {
@@ -332,11 +270,11 @@ func (r *run) checkPrivileges(c config.Counter, src, tgt *table, prefix string) 
 	for _, p := range []struct{ col, priv string }{
 		{c.TargetKey, "SELECT"}, {c.Column, "SELECT"}, {c.Column, "UPDATE"},
 	} {
-		if _, found := tgt.columns[p.col]; !found {
+		if _, found := tgt.Columns[p.col]; !found {
 			continue // reported by checkColumns
 		}
 		var has bool
-		if err := r.conn.QueryRow(r.ctx, "SELECT has_column_privilege($1::oid, $2::text, $3::text)", tgt.oid, p.col, p.priv).Scan(&has); err != nil {
+		if err := r.conn.QueryRow(r.ctx, "SELECT has_column_privilege($1::oid, $2::text, $3::text)", tgt.OID, p.col, p.priv).Scan(&has); err != nil {
 			return r.queryFailed(CheckPrivilege, prefix+"privileges on "+tgt.sql, err)
 		}
 		if has {
@@ -370,7 +308,7 @@ func (r *run) checkPrivileges(c config.Counter, src, tgt *table, prefix string) 
 
 // checkIndexes warns when a key has no index: every flush looks target rows
 // up by target_key and every reconcile batch counts source rows by key.
-func (r *run) checkIndexes(c config.Counter, src, tgt *table, prefix string) error {
+func (r *run) checkIndexes(c counter.Counter, src, tgt *table, prefix string) error {
 	for _, k := range []struct {
 		t   *table
 		col string
@@ -379,7 +317,7 @@ func (r *run) checkIndexes(c config.Counter, src, tgt *table, prefix string) err
 		{tgt, c.TargetKey, "every flush looks rows up by it"},
 		{src, c.Key, "reconcile counts rows by it"},
 	} {
-		if _, found := k.t.columns[k.col]; !found {
+		if _, found := k.t.Columns[k.col]; !found {
 			continue // reported by checkColumns
 		}
 		var indexed bool
@@ -387,7 +325,7 @@ func (r *run) checkIndexes(c config.Counter, src, tgt *table, prefix string) err
 SELECT EXISTS (
   SELECT 1 FROM pg_index i
   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-  WHERE i.indrelid = $1 AND a.attname = $2 AND i.indpred IS NULL)`, k.t.oid, k.col).Scan(&indexed)
+  WHERE i.indrelid = $1 AND a.attname = $2 AND i.indpred IS NULL)`, k.t.OID, k.col).Scan(&indexed)
 		if err != nil {
 			return r.queryFailed(CheckIndex, prefix+"indexes of "+k.t.sql, err)
 		}

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/sink"
 )
 
@@ -29,7 +29,7 @@ var ErrNoLogicalReplication = errors.New("the database cannot do logical replica
 type Options struct {
 	Slot        string
 	Publication string
-	Counters    []config.Counter
+	Counters    []counter.Counter
 	// RecreateSlot drops an existing slot and creates it anew; the
 	// checkpoint moves to the new slot's start and a full reconcile is
 	// needed afterwards.
@@ -54,7 +54,7 @@ type Result struct {
 
 // Sources returns the distinct source tables of the counters, sorted, as
 // quoted qualified names.
-func Sources(counters []config.Counter) []string {
+func Sources(counters []counter.Counter) []string {
 	var out []string
 	for _, c := range counters {
 		s, t := c.SourceTable()
@@ -190,19 +190,12 @@ ON CONFLICT (slot_name) DO NOTHING`, opt.Slot); err != nil {
 
 // fixIdentity sets REPLICA IDENTITY FULL on each source whose identity
 // does not carry every column a counter reads.
-func fixIdentity(ctx context.Context, conn *pgx.Conn, counters []config.Counter, exec func(string, ...any) error) ([]string, error) {
+func fixIdentity(ctx context.Context, conn *pgx.Conn, counters []counter.Counter, exec func(string, ...any) error) ([]string, error) {
 	need := map[string][]string{}
 	for _, c := range counters {
 		s, t := c.SourceTable()
 		src := pgx.Identifier{s, t}.Sanitize()
-		cols := []string{c.Key}
-		if c.Sum != "" {
-			cols = append(cols, c.Sum)
-		}
-		for col := range c.Where {
-			cols = append(cols, col)
-		}
-		need[src] = append(need[src], cols...)
+		need[src] = append(need[src], c.ReadColumns()...)
 	}
 	var fixed []string
 	for _, src := range slices.Sorted(maps.Keys(need)) {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/internal/servers"
@@ -33,10 +34,10 @@ CREATE TABLE follows (follower_id bigint, followee_id bigint, PRIMARY KEY (follo
 `
 
 var (
-	likes    = config.DefaultCounter()
-	comments = config.Counter{Name: "user_comments", Source: "public.comments", Key: "user_id",
+	likes    = counter.Default()
+	comments = counter.Counter{Name: "user_comments", Source: "public.comments", Key: "user_id",
 		Target: "public.users", TargetKey: "id", Column: "comments_count"}
-	follows = config.Counter{Name: "followers", Source: "follows", Key: "followee_id",
+	follows = counter.Counter{Name: "followers", Source: "follows", Key: "followee_id",
 		Target: "users", TargetKey: "id", Column: "followers_count"}
 )
 
@@ -64,7 +65,7 @@ func newFixture(t *testing.T, url string) *fixture {
 	return &fixture{conn: conn, slot: fmt.Sprintf("setup_%d_%d", os.Getpid(), slotSeq.Add(1))}
 }
 
-func (f *fixture) opts(counters ...config.Counter) setup.Options {
+func (f *fixture) opts(counters ...counter.Counter) setup.Options {
 	return setup.Options{Slot: f.slot, Publication: "walcount", Counters: counters}
 }
 
@@ -153,14 +154,14 @@ func TestSetupIsIdempotent(t *testing.T) {
 func TestPublicationFollowsCounters(t *testing.T) {
 	f := newFixture(t, testenv.Database(t))
 	steps := []struct {
-		counters []config.Counter
+		counters []counter.Counter
 		want     []string
 	}{
-		{[]config.Counter{likes}, []string{"public.likes"}},
-		{[]config.Counter{likes, comments}, []string{"public.comments", "public.likes"}},
-		{[]config.Counter{likes, comments, follows}, []string{"public.comments", "public.follows", "public.likes"}},
-		{[]config.Counter{comments}, []string{"public.comments"}},
-		{[]config.Counter{follows, likes}, []string{"public.follows", "public.likes"}},
+		{[]counter.Counter{likes}, []string{"public.likes"}},
+		{[]counter.Counter{likes, comments}, []string{"public.comments", "public.likes"}},
+		{[]counter.Counter{likes, comments, follows}, []string{"public.comments", "public.follows", "public.likes"}},
+		{[]counter.Counter{comments}, []string{"public.comments"}},
+		{[]counter.Counter{follows, likes}, []string{"public.follows", "public.likes"}},
 	}
 	for i, s := range steps {
 		// Setup takes counters as Load leaves them: validated.
@@ -290,7 +291,7 @@ func TestFixReplicaIdentityOnlyWhenAsked(t *testing.T) {
 	identity := func(table string) string {
 		return f.query(t, "SELECT relreplident::text FROM pg_class WHERE oid = $1::regclass", table)
 	}
-	counters := []config.Counter{likes, comments, follows}
+	counters := []counter.Counter{likes, comments, follows}
 
 	res := f.run(t, f.opts(counters...))
 	if len(res.FixedIdentityTable) != 0 {

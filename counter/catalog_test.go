@@ -1,4 +1,4 @@
-package sink
+package counter
 
 import (
 	"context"
@@ -9,8 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/aggregator"
-	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/testenv"
 )
 
@@ -47,26 +45,27 @@ func TestTargetKeyTypes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.keyType, func(t *testing.T) {
-			conn := connect(t, `CREATE TABLE posts (id `+tc.keyType+` PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0)`)
+			conn := connect(t, `CREATE TABLE posts (id `+tc.keyType+` PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (post_id `+tc.keyType+`)`)
 			ctx := context.Background()
 			for _, k := range tc.keys {
 				if _, err := conn.Exec(ctx, "INSERT INTO posts (id) VALUES ($1::text::"+tc.keyType+")", k); err != nil {
 					t.Fatal(err)
 				}
 			}
-			c := config.DefaultCounter()
-			tgt, err := resolveTarget(ctx, conn, c)
+			c := Default()
+			tgt, err := Resolve(ctx, conn, c)
 			if err != nil {
 				t.Fatal(err)
 			}
 			wantInt := tc.keyType == "smallint" || tc.keyType == "integer" || tc.keyType == "bigint"
-			if tgt.intKey != wantInt {
-				t.Errorf("intKey = %v, want %v", tgt.intKey, wantInt)
+			if tgt.IntKey != wantInt {
+				t.Errorf("intKey = %v, want %v", tgt.IntKey, wantInt)
 			}
 			// The last key has no row: its delta is dropped, not an error.
 			keys := append(append([]string(nil), tc.keys...), missingKey(tc.keyType))
 			deltas := []int64{3, -2, 1, 5}
-			tag, err := conn.Exec(ctx, tgt.update, keys, deltas)
+			tag, err := conn.Exec(ctx, tgt.Flush, keys, deltas)
 			if err != nil {
 				t.Fatalf("update: %v", err)
 			}
@@ -111,8 +110,8 @@ CREATE TABLE likes (id bigint PRIMARY KEY, post_id bigint NOT NULL,
 INSERT INTO posts (id) VALUES (1), (2);`
 	conn := connect(t, schema)
 	ctx := context.Background()
-	counter := func(sum, column string) config.Counter {
-		c := config.DefaultCounter()
+	counter := func(sum, column string) Counter {
+		c := Default()
 		c.Name, c.Sum, c.Column = "w", sum, column
 		return c
 	}
@@ -134,17 +133,17 @@ INSERT INTO posts (id) VALUES (1), (2);`
 		{"wpoints", "likes_count", 0, []int64{-5}, "300"},
 	}
 	for _, tc := range good {
-		tgt, err := resolveTarget(ctx, conn, counter(tc.sum, tc.column))
+		tgt, err := Resolve(ctx, conn, counter(tc.sum, tc.column))
 		if err != nil {
 			t.Errorf("sum %s into %s: %v", tc.sum, tc.column, err)
 			continue
 		}
-		if tgt.scale != tc.scale {
-			t.Errorf("sum %s: scale = %d, want %d", tc.sum, tgt.scale, tc.scale)
+		if tgt.Scale != tc.scale {
+			t.Errorf("sum %s: scale = %d, want %d", tc.sum, tgt.Scale, tc.scale)
 		}
 		for _, d := range tc.deltas {
-			if _, err := conn.Exec(ctx, tgt.update, []string{"1"}, []int64{d}); err != nil {
-				t.Fatalf("sum %s into %s: %v\n%s", tc.sum, tc.column, err, tgt.update)
+			if _, err := conn.Exec(ctx, tgt.Flush, []string{"1"}, []int64{d}); err != nil {
+				t.Fatalf("sum %s into %s: %v\n%s", tc.sum, tc.column, err, tgt.Flush)
 			}
 		}
 		var got string
@@ -161,17 +160,17 @@ INSERT INTO posts (id) VALUES (1), (2);`
 		is          error
 		msg         string
 	}{
-		{"wfree", "weight_any", aggregator.ErrUnsupportedSum, `ALTER TABLE "public"."likes" ALTER COLUMN "wfree" TYPE numeric(12,2)`},
-		{"w10", "weight_any", aggregator.ErrUnsupportedSum, "scale 10 is above 9"},
-		{"wdom", "weight_any", aggregator.ErrUnsupportedSum, "a domain over numeric"},
-		{"wfloat", "weight_any", aggregator.ErrUnsupportedSum, "double precision"},
+		{"wfree", "weight_any", ErrUnsupportedSum, `ALTER TABLE "public"."likes" ALTER COLUMN "wfree" TYPE numeric(12,2)`},
+		{"w10", "weight_any", ErrUnsupportedSum, "scale 10 is above 9"},
+		{"wdom", "weight_any", ErrUnsupportedSum, "a domain over numeric"},
+		{"wfloat", "weight_any", ErrUnsupportedSum, "double precision"},
 		{"w2", "likes_count", ErrBadTarget, `"public"."posts"."likes_count" (bigint) cannot hold sums of w2 with 2 fractional digits`},
 		{"w2", "weight_1", ErrBadTarget, "cannot hold sums of w2 with 2 fractional digits"},
 		{"w9", "weight", ErrBadTarget, "with 9 fractional digits"},
 		{"nope", "weight", ErrBadTarget, `sum column "public"."likes"."nope" does not exist`},
 	}
 	for _, tc := range bad {
-		_, err := resolveTarget(ctx, conn, counter(tc.sum, tc.column))
+		_, err := Resolve(ctx, conn, counter(tc.sum, tc.column))
 		if !errors.Is(err, tc.is) || !strings.Contains(fmtErr(err), tc.msg) {
 			t.Errorf("sum %s into %s: err = %v; want %v containing %q", tc.sum, tc.column, err, tc.is, tc.msg)
 		}

@@ -1,0 +1,225 @@
+package counter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// ErrBadTarget is wrapped when a counter's tables or columns do not exist,
+// or cannot hold what the counter writes into them.
+var ErrBadTarget = errors.New("counter target does not exist or cannot be used")
+
+// Querier runs queries; *pgx.Conn, *pgxpool.Pool and pgx.Tx fit.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Table is what the catalog says about one table.
+type Table struct {
+	Schema, Name string
+	// Exists is false when no relation has that name; the fields below
+	// are then zero.
+	Exists bool
+	OID    uint32
+	// Kind is pg_class.relkind: r (table), p (partitioned table), v, m, f...
+	Kind string
+	// ReplIdent is pg_class.relreplident: d, f, i or n.
+	ReplIdent string
+	// Columns maps each live column's name to its facts.
+	Columns map[string]Column
+}
+
+// Ident returns the table's name as a quoted SQL identifier.
+func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// Column is what the catalog says about one column.
+type Column struct {
+	// Base is the type with domains resolved and without modifiers, as
+	// format_type writes it: integer, character varying, numeric.
+	Base string
+	// Full is the declared type with modifiers, usable in a CAST.
+	Full string
+	// TypeOID and TypMod are the declared type and modifier, as pgoutput's
+	// RELATION message sends them. Domain is true when the type is a
+	// domain; BaseOID and BaseTypMod are then the domain's base type and
+	// modifier, else the same as TypeOID and TypMod.
+	TypeOID    uint32
+	TypMod     int32
+	Domain     bool
+	BaseOID    uint32
+	BaseTypMod int32
+	NotNull    bool
+	Generated  bool
+}
+
+// IntegerBase reports whether the column's base type is smallint, integer
+// or bigint.
+func (c Column) IntegerBase() bool {
+	switch c.BaseOID {
+	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID:
+		return true
+	}
+	return false
+}
+
+// ReadTable reads the catalog facts of schema.name in two queries, whatever
+// the number of columns. A table that does not exist is not an error:
+// Exists is false.
+func ReadTable(ctx context.Context, q Querier, schema, name string) (*Table, error) {
+	t := &Table{Schema: schema, Name: name}
+	err := q.QueryRow(ctx, `
+SELECT c.oid, c.relkind::text, c.relreplident::text
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&t.OID, &t.Kind, &t.ReplIdent)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return t, nil
+	case err != nil:
+		return nil, fmt.Errorf("look up table %s: %w", t.Ident(), err)
+	}
+	t.Exists = true
+	t.Columns = map[string]Column{}
+	rows, err := q.Query(ctx, `
+SELECT a.attname,
+       format_type(CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END, NULL),
+       format_type(a.atttypid, a.atttypmod),
+       a.atttypid, a.atttypmod, ty.typtype = 'd',
+       CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END,
+       CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END,
+       a.attnotnull, a.attgenerated <> ''
+FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.OID)
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t.Ident(), err)
+	}
+	var col string
+	var c Column
+	_, err = pgx.ForEachRow(rows, []any{&col, &c.Base, &c.Full, &c.TypeOID, &c.TypMod, &c.Domain, &c.BaseOID, &c.BaseTypMod, &c.NotNull, &c.Generated}, func() error {
+		t.Columns[col] = c
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t.Ident(), err)
+	}
+	return t, nil
+}
+
+// Resolved is a counter bound to the catalog: the types and scales of its
+// columns and every statement that reads or writes it. It is immutable.
+type Resolved struct {
+	Counter Counter
+	// Scale is the declared scale of the summed column: buffered deltas
+	// count units of 10^-Scale (0 for counts and integer sums).
+	Scale int
+	// IntKey is true for integer target keys, which sort numerically.
+	IntKey bool
+	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]).
+	Flush string
+	// Reset zeroes the column (a TRUNCATE of the source).
+	Reset string
+	// Scan lists target keys after $1 (text, NULL for the start) in key
+	// order, at most $2 of them.
+	Scan string
+	// Truth returns (key, true value) for the keys in $1 (text[]), with
+	// FilterArgs bound after $1.
+	Truth      string
+	FilterArgs []any
+	// Column returns (key, cached value) for the keys in $1 (text[]).
+	Column string
+	// Total counts the target rows.
+	Total string
+}
+
+// Resolve reads the catalog facts of c's source and target tables once and
+// returns c bound to them. It fails with ErrBadTarget when a table or
+// column is missing or the counter column cannot hold the sums, and with
+// ErrUnsupportedSum when the summed column cannot be summed exactly.
+func Resolve(ctx context.Context, q Querier, c Counter) (*Resolved, error) {
+	ss, st := c.SourceTable()
+	ts, tt := c.TargetTable()
+	src, err := ReadTable(ctx, q, ss, st)
+	if err != nil {
+		return nil, fmt.Errorf("counter %s: %w", c.Name, err)
+	}
+	tgt := src
+	if ts != ss || tt != st {
+		if tgt, err = ReadTable(ctx, q, ts, tt); err != nil {
+			return nil, fmt.Errorf("counter %s: %w", c.Name, err)
+		}
+	}
+	return bind(c, src, tgt)
+}
+
+// bind checks c against the catalog facts and builds its statements.
+func bind(c Counter, src, tgt *Table) (*Resolved, error) {
+	tkey, okKey := tgt.Columns[c.TargetKey]
+	col, okCol := tgt.Columns[c.Column]
+	if !okKey || !okCol {
+		return nil, fmt.Errorf("counter %s: %w: %s.%s or %s.%s", c.Name, ErrBadTarget,
+			tgt.Ident(), c.TargetKey, tgt.Ident(), c.Column)
+	}
+	key, ok := src.Columns[c.Key]
+	if !ok {
+		return nil, fmt.Errorf("counter %s: %w: key column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{c.Key}.Sanitize())
+	}
+	scale, err := sumScale(c, src)
+	if err != nil {
+		return nil, err
+	}
+	if scale > 0 {
+		// The column must keep every fractional digit, or each flush
+		// would round and the column would drift from SUM().
+		colScale := 0
+		if col.Base == "numeric" {
+			colScale = scale // unconstrained numeric keeps everything
+			if col.BaseTypMod >= 4 {
+				colScale = NumericScale(col.BaseTypMod)
+			}
+		}
+		if colScale < scale {
+			colName := pgx.Identifier{c.Column}.Sanitize()
+			return nil, fmt.Errorf("counter %s: %w: %s.%s (%s) cannot hold sums of %s with %d fractional digits; run: ALTER TABLE %s ALTER COLUMN %s TYPE numeric",
+				c.Name, ErrBadTarget, tgt.Ident(), colName, col.Base, c.Sum, scale, tgt.Ident(), colName)
+		}
+	}
+	r := &Resolved{Counter: c, Scale: scale, IntKey: tkey.IntegerBase() && !tkey.Domain}
+	if err := r.buildSQL(src, tgt, key, tkey); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// sumScale returns the scale c's summed column is buffered at (0 without a
+// sum). It applies SumScale to the type OID and modifier that pgoutput's
+// RELATION message carries, so that the aggregator and the flusher agree on
+// the unit; a domain is counted at scale 0 there, so a domain over numeric
+// is refused here.
+func sumScale(c Counter, src *Table) (int, error) {
+	if c.Sum == "" {
+		return 0, nil
+	}
+	sumName := pgx.Identifier{c.Sum}.Sanitize()
+	s, ok := src.Columns[c.Sum]
+	if !ok {
+		return 0, fmt.Errorf("counter %s: %w: sum column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), sumName)
+	}
+	fix := fmt.Sprintf("run: ALTER TABLE %s ALTER COLUMN %s TYPE numeric(12,2) (with the scale your values need)", src.Ident(), sumName)
+	switch {
+	case s.BaseOID == pgtype.NumericOID && s.Domain:
+		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s, a domain over numeric: %w; %s",
+			c.Name, src.Ident(), sumName, s.Full, ErrUnsupportedSum, fix)
+	case s.BaseOID != pgtype.NumericOID && !s.IntegerBase():
+		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s: %w; it must be smallint, integer, bigint or numeric(p,s)",
+			c.Name, src.Ident(), sumName, s.Full, ErrUnsupportedSum)
+	}
+	scale, err := SumScale(s.TypeOID, s.TypMod)
+	if err != nil {
+		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s: %w; %s", c.Name, src.Ident(), sumName, s.Full, err, fix)
+	}
+	return scale, nil
+}

@@ -1,0 +1,87 @@
+package counter
+
+import "strings"
+
+// Counter declares one counter cache: the rows of Source, grouped by Key,
+// are counted (or their Sum column summed) into Target.Column of the row
+// whose TargetKey equals the key.
+type Counter struct {
+	// Name is unique among the counters; it is used in metrics, logs and
+	// in walcount's Redis fields. It matches [a-z][a-z0-9_]*.
+	Name string `yaml:"name"`
+	// Source is the table whose rows are counted, schema-qualified
+	// ("public.likes"). An unqualified name means schema public.
+	Source string `yaml:"source"`
+	// Key is the source column naming the target row.
+	Key string `yaml:"key"`
+	// Target is the table holding the counter column.
+	Target string `yaml:"target"`
+	// TargetKey is the target column matched against Key.
+	TargetKey string `yaml:"target_key"`
+	// Column is the target column that holds the count.
+	Column string `yaml:"column"`
+	// Sum, when set, names a numeric source column whose values are summed
+	// instead of counting rows.
+	Sum string `yaml:"sum"`
+	// Where restricts the counted rows: every listed source column must
+	// equal the given value. A nil value means IS NULL.
+	Where map[string]*string `yaml:"where"`
+}
+
+// Default is the counter that applies when no configuration names any:
+// the number of likes rows of each post, in posts.likes_count.
+func Default() Counter {
+	return Counter{
+		Name:      "post_likes",
+		Source:    "public.likes",
+		Key:       "post_id",
+		Target:    "public.posts",
+		TargetKey: "id",
+		Column:    "likes_count",
+	}
+}
+
+// SourceTable returns the schema and table of c.Source.
+func (c Counter) SourceTable() (schema, table string) { return SplitTable(c.Source) }
+
+// TargetTable returns the schema and table of c.Target.
+func (c Counter) TargetTable() (schema, table string) { return SplitTable(c.Target) }
+
+// ReadColumns returns the source columns c reads from a row: the key, the
+// summed column and the filter columns, in that order without repeats.
+// They must all be in the source's replica identity for old rows to be
+// attributable.
+func (c Counter) ReadColumns() []string {
+	cols := []string{c.Key}
+	add := func(s string) {
+		for _, have := range cols {
+			if have == s {
+				return
+			}
+		}
+		cols = append(cols, s)
+	}
+	if c.Sum != "" {
+		add(c.Sum)
+	}
+	for _, w := range sortedKeys(c.Where) {
+		add(w)
+	}
+	return cols
+}
+
+// Delta is one coalesced change of a counter key: N is added to the field
+// "counter:key" (see Field).
+type Delta struct {
+	Field string
+	N     int64
+}
+
+// Field is the buffer field of a counter's key.
+func Field(counter, key string) string { return counter + ":" + key }
+
+// SplitField splits a buffer field into counter and key. Counter names
+// cannot contain ':', keys may.
+func SplitField(f string) (counter, key string, ok bool) {
+	return strings.Cut(f, ":")
+}

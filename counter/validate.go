@@ -1,0 +1,126 @@
+package counter
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// nameRE is what a counter name may look like: it appears in metric
+// labels, log fields and Redis hash fields.
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
+
+// Problem is one thing wrong with a counter's declaration. Field is its
+// path in the configuration's terms: "counters[1] (post_likes).key".
+type Problem struct {
+	Field string
+	Msg   string
+}
+
+// Validate checks the counters' declarations and reports every problem.
+// It also puts each counter's Source and Target into canonical form
+// ("schema.table", lower case, double quotes only where the name needs
+// them), so that callers can compare them as strings; calling it again is
+// harmless. Column names are exact names as they are in pg_attribute.
+func Validate(cs []Counter) []Problem {
+	var ps []Problem
+	names := map[string]int{}
+	// written maps "target.column" to the index of the counter writing it.
+	written := map[string]int{}
+
+	for i := range cs {
+		c := &cs[i]
+		field := FieldPath(i, c.Name)
+		add := func(sub, format string, args ...any) {
+			ps = append(ps, Problem{Field: field + "." + sub, Msg: fmt.Sprintf(format, args...)})
+		}
+
+		switch {
+		case c.Name == "":
+			add("name", "required")
+		case !nameRE.MatchString(c.Name):
+			add("name", "%q must be 1 to 63 lower-case letters, digits and underscores, starting with a letter", c.Name)
+		default:
+			if j, dup := names[c.Name]; dup {
+				add("name", "also used by counters[%d]: names must be unique", j)
+			} else {
+				names[c.Name] = i
+			}
+		}
+
+		table := func(sub string, v *string) bool {
+			if *v == "" {
+				add(sub, "required")
+				return false
+			}
+			schema, tbl, err := parseTable(*v)
+			if err != nil {
+				add(sub, "%v", err)
+				return false
+			}
+			*v = CanonicalTable(schema, tbl)
+			return true
+		}
+		table("source", &c.Source)
+		tgtOK := table("target", &c.Target)
+
+		column := func(sub, v string, required bool) {
+			switch {
+			case v == "" && required:
+				add(sub, "required")
+			case v == "":
+			case len(v) > MaxIdentLen:
+				add(sub, "%q is longer than %d bytes", v, MaxIdentLen)
+			case strings.ContainsRune(v, 0):
+				add(sub, "contains a NUL byte")
+			}
+		}
+		column("key", c.Key, true)
+		column("target_key", c.TargetKey, true)
+		column("column", c.Column, true)
+		column("sum", c.Sum, false)
+		for k := range c.Where {
+			column("where."+k, k, true)
+		}
+
+		if tgtOK && c.Column != "" {
+			if c.Column == c.TargetKey {
+				add("column", "%q is also the target_key", c.Column)
+			}
+			w := c.Target + "." + c.Column
+			if j, dup := written[w]; dup {
+				add("column", "%s is already written by counters[%d] (%s): two counters cannot write one column", w, j, cs[j].Name)
+			} else {
+				written[w] = i
+			}
+		}
+	}
+
+	// A counter column must not feed a counter: if it were a key, filter or
+	// summed column of a counted table, every flush would change the rows
+	// being counted and the counts would chase their own tail through the
+	// WAL forever.
+	for i, c := range cs {
+		for j, d := range cs {
+			if c.Target != d.Source || c.Column == "" {
+				continue
+			}
+			_, inWhere := d.Where[c.Column]
+			if c.Column == d.Key || c.Column == d.Sum || inWhere {
+				ps = append(ps, Problem{
+					Field: FieldPath(i, c.Name) + ".column",
+					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key, sum or where column of a counted table", c.Target, c.Column, j, d.Name),
+				})
+			}
+		}
+	}
+	return ps
+}
+
+// FieldPath names counter i in problems: "counters[1] (post_likes)".
+func FieldPath(i int, name string) string {
+	if name == "" {
+		return fmt.Sprintf("counters[%d]", i)
+	}
+	return fmt.Sprintf("counters[%d] (%s)", i, name)
+}
