@@ -16,7 +16,7 @@ import (
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
-	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/state"
 )
 
 // benchSettings are the settings of every cluster, on top of the servers
@@ -156,7 +156,7 @@ func (c *cluster) waitCheckpoint(ctx context.Context, lsn cdc.LSN, poll time.Dur
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
-		w, err := sink.ReadCheckpoint(ctx, c.db, config.DefaultSlot)
+		w, err := state.ReadCheckpoint(ctx, c.db, config.DefaultSlot)
 		if err == nil && w > lsn {
 			return nil
 		}
@@ -245,7 +245,7 @@ func (c *cluster) likesCount(ctx context.Context) (int64, error) {
 
 // checkpoint returns W.
 func (c *cluster) checkpoint(ctx context.Context) (cdc.LSN, error) {
-	return sink.ReadCheckpoint(ctx, c.db, config.DefaultSlot)
+	return state.ReadCheckpoint(ctx, c.db, config.DefaultSlot)
 }
 
 // senderCPU returns the CPU time of the walsender that serves slot.

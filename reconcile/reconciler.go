@@ -17,6 +17,7 @@ import (
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/state"
 )
 
 // Defaults of Options.
@@ -79,12 +80,12 @@ type Request struct {
 // Reconciler runs reconciliations inside the daemon: scheduled, on
 // demand, and backfills; one at a time, resumable after a restart.
 type Reconciler struct {
-	opt   Options
-	log   *zap.Logger
-	rec   *Recorder
-	store store
-	seq   int64
-	kick  chan struct{}
+	opt  Options
+	log  *zap.Logger
+	rec  *Recorder
+	runs state.Runs
+	seq  int64
+	kick chan struct{}
 
 	mu      sync.Mutex
 	current *RunInfo
@@ -108,11 +109,11 @@ func New(opt Options) *Reconciler {
 		opt.Metrics = metrics.New()
 	}
 	return &Reconciler{
-		opt:   opt,
-		log:   opt.Logger,
-		rec:   NewRecorder(opt.Slot, opt.Logger),
-		store: store{pool: opt.Pool, slot: opt.Slot},
-		kick:  make(chan struct{}, 1),
+		opt:  opt,
+		log:  opt.Logger,
+		rec:  NewRecorder(opt.Slot, opt.Logger),
+		runs: state.NewRuns(opt.Pool, opt.Slot),
+		kick: make(chan struct{}, 1),
 	}
 }
 
@@ -153,7 +154,7 @@ func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
 	if busy {
 		return RunInfo{}, ErrBusy
 	}
-	if _, ok, err := r.store.unfinished(ctx); err != nil {
+	if _, ok, err := r.runs.Unfinished(ctx); err != nil {
 		return RunInfo{}, err
 	} else if ok {
 		return RunInfo{}, ErrBusy
@@ -171,7 +172,7 @@ func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
 	if batch <= 0 {
 		batch = r.opt.BatchSize
 	}
-	run, err := r.store.create(ctx, KindManual, names, req.DryRun, batch)
+	run, err := r.runs.Create(ctx, state.KindManual, names, req.DryRun, batch)
 	if err != nil {
 		return RunInfo{}, fmt.Errorf("create reconcile run: %w", err)
 	}
@@ -202,7 +203,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 		var timer <-chan time.Time
 		if r.opt.Interval > 0 {
-			last, ok, err := r.store.lastFinished(ctx)
+			last, ok, err := r.runs.LastFinished(ctx)
 			wait := r.opt.Interval
 			if err == nil && ok {
 				wait = time.Until(last.Add(r.opt.Interval))
@@ -214,18 +215,18 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			return nil
 		case <-r.kick:
 		case <-timer:
-			if _, err := r.store.create(ctx, KindScheduled, r.names(), false, r.opt.BatchSize); err != nil && ctx.Err() == nil {
+			if _, err := r.runs.Create(ctx, state.KindScheduled, r.names(), false, r.opt.BatchSize); err != nil && ctx.Err() == nil {
 				r.log.Error("schedule reconciliation", zap.Error(err))
 			}
 		}
 	}
 }
 
-// waitStore creates the progress tables, retrying while PostgreSQL is
-// away.
+// waitStore waits until walcount's state schema is there, in the version
+// this walcount knows, retrying while PostgreSQL is away.
 func (r *Reconciler) waitStore(ctx context.Context) error {
 	for {
-		err := r.store.ensure(ctx)
+		err := state.CheckVersion(ctx, r.opt.Pool)
 		if err == nil {
 			return nil
 		}
@@ -258,15 +259,15 @@ func (r *Reconciler) counter(name string) (counter.Counter, bool) {
 // backfill reconciles the counters that are new or changed, so adding
 // walcount to a table that already has rows makes the counts exact.
 func (r *Reconciler) backfill(ctx context.Context) error {
-	names, err := r.store.needBackfill(ctx, r.opt.Counters)
+	names, err := r.runs.NeedBackfill(ctx, r.opt.Counters)
 	if err != nil || len(names) == 0 {
 		return err
 	}
-	if _, ok, err := r.store.unfinished(ctx); err != nil || ok {
+	if _, ok, err := r.runs.Unfinished(ctx); err != nil || ok {
 		return err // an unfinished run resumes first; backfill next start
 	}
 	r.log.Info("backfilling new counters", zap.Strings("counters", names))
-	if _, err := r.store.create(ctx, KindBackfill, names, false, r.opt.BatchSize); err != nil {
+	if _, err := r.runs.Create(ctx, state.KindBackfill, names, false, r.opt.BatchSize); err != nil {
 		return err
 	}
 	return nil
@@ -275,7 +276,7 @@ func (r *Reconciler) backfill(ctx context.Context) error {
 // runPending executes every pending or interrupted run, oldest first.
 func (r *Reconciler) runPending(ctx context.Context) error {
 	for ctx.Err() == nil {
-		run, ok, err := r.store.unfinished(ctx)
+		run, ok, err := r.runs.Unfinished(ctx)
 		if err != nil || !ok {
 			return err
 		}
@@ -290,8 +291,8 @@ func (r *Reconciler) runPending(ctx context.Context) error {
 // every batch.
 func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	start := time.Now()
-	resumed := run.Status == StatusRunning
-	run.Status = StatusRunning
+	resumed := run.Status == state.StatusRunning
+	run.Status = state.StatusRunning
 	if !resumed {
 		run.Total = 0
 		for _, name := range run.Counters {
@@ -312,7 +313,7 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	r.log.Info("reconciliation started", zap.Int64("run", run.ID), zap.String("kind", run.Kind),
 		zap.Strings("counters", run.Counters), zap.Bool("dry_run", run.DryRun), zap.Bool("resumed", resumed),
 		zap.Int64("total_keys", run.Total))
-	if err := r.store.progress(ctx, run); err != nil {
+	if err := r.runs.Progress(ctx, run); err != nil {
 		return err
 	}
 	startIdx := 0
@@ -335,16 +336,16 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 			}
 			return r.fail(ctx, run, err)
 		}
-		if run.Kind == KindBackfill && !run.DryRun {
-			if err := r.store.backfilled(ctx, c); err != nil {
+		if run.Kind == state.KindBackfill && !run.DryRun {
+			if err := r.runs.Backfilled(ctx, c); err != nil {
 				return r.fail(ctx, run, err)
 			}
 		}
 	}
-	run.Status = StatusDone
+	run.Status = state.StatusDone
 	now := time.Now()
 	run.FinishedAt = &now
-	if err := r.store.progress(ctx, run); err != nil {
+	if err := r.runs.Progress(ctx, run); err != nil {
 		return err
 	}
 	r.finish(run)
@@ -354,11 +355,11 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 }
 
 func (r *Reconciler) fail(ctx context.Context, run RunInfo, err error) error {
-	run.Status = StatusFailed
+	run.Status = state.StatusFailed
 	run.Error = err.Error()
 	now := time.Now()
 	run.FinishedAt = &now
-	if perr := r.store.progress(context.WithoutCancel(ctx), run); perr != nil {
+	if perr := r.runs.Progress(context.WithoutCancel(ctx), run); perr != nil {
 		r.log.Error("save failed run", zap.Error(perr))
 	}
 	r.finish(run)
@@ -381,7 +382,7 @@ func (r *Reconciler) update(run *RunInfo, drift []KeyDrift) {
 	}
 	d := r.current.Drift
 	for _, k := range drift {
-		if len(d) < MaxDriftSamples {
+		if len(d) < state.MaxDriftSamples {
 			d = append(d, k)
 		}
 	}
@@ -429,7 +430,7 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 		r.opt.Metrics.ReconcileKeysChecked.WithLabelValues(c.Name).Add(float64(len(keys)))
 		r.opt.Metrics.ReconcileCorrections.WithLabelValues(c.Name).Add(float64(len(applied)))
 		r.update(run, drift)
-		if err := r.store.progress(ctx, *run); err != nil {
+		if err := r.runs.Progress(ctx, *run); err != nil {
 			return err
 		}
 		r.pace(ctx)
@@ -589,9 +590,9 @@ func (r *Reconciler) wait(ctx context.Context, ch, failed <-chan struct{}, what 
 func (r *Reconciler) waitCheckpoint(ctx context.Context, lsn cdc.LSN, failed <-chan struct{}) error {
 	deadline := time.Now().Add(r.opt.StepTimeout)
 	for {
-		var w cdc.LSN
-		if err := r.opt.Pool.QueryRow(ctx, `SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1`, r.opt.Slot).Scan(&w); err != nil {
-			return fmt.Errorf("read checkpoint: %w", err)
+		w, err := state.ReadCheckpoint(ctx, r.opt.Pool, r.opt.Slot)
+		if err != nil {
+			return err
 		}
 		if w >= lsn {
 			return nil
@@ -622,13 +623,11 @@ func (r *Reconciler) read(ctx context.Context, sql *counter.Resolved, keys []str
 	truth := make(map[string]int64, len(keys))
 	column := make(map[string]int64, len(keys))
 	err := pgx.BeginTxFunc(ctx, r.opt.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		var s string
-		// The first statement fixes the snapshot: pg_current_snapshot()
-		// is the snapshot every later statement of the transaction uses.
-		if err := tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text, (SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1)`, r.opt.Slot).Scan(&s, &ws); err != nil {
-			return fmt.Errorf("read snapshot and checkpoint: %w", err)
+		s, w, err := state.SnapshotCheckpoint(ctx, tx, r.opt.Slot)
+		if err != nil {
+			return err
 		}
-		var err error
+		ws = w
 		if snap, err = ParseSnapshot(s); err != nil {
 			return err
 		}

@@ -34,15 +34,6 @@ type txnRecord struct {
 	deltas map[string]int64 // key → delta
 }
 
-// KeyDrift is one key whose column is off.
-type KeyDrift struct {
-	Counter    string `json:"counter"`
-	Key        string `json:"key"`
-	Cached     int64  `json:"cached"`
-	True       int64  `json:"true"`
-	Correction int64  `json:"correction"`
-}
-
 // outcome is what a measurement found at M1.
 type outcome struct {
 	drift   map[string]KeyDrift // key → drift, non-zero corrections only

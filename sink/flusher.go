@@ -18,6 +18,7 @@ import (
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redisbuf"
+	"github.com/walcount/walcount/state"
 )
 
 // DefaultChunkSize is how many keys one UPDATE statement carries.
@@ -78,7 +79,7 @@ func NewFlusher(ctx context.Context, opt Options) (*Flusher, error) {
 		}
 		f.targets[c.Name] = t
 	}
-	w, err := ReadCheckpoint(ctx, opt.Pool, opt.Slot)
+	w, err := state.ReadCheckpoint(ctx, opt.Pool, opt.Slot)
 	if err != nil {
 		return nil, err
 	}
@@ -274,16 +275,15 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*coun
 		return false, fmt.Errorf("begin flush: %w", err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	tag, err := tx.Exec(ctx, `UPDATE walcount.checkpoint SET lsn = $2::text::pg_lsn, updated_at = now()
-WHERE slot_name = $1 AND lsn = $3::text::pg_lsn`, f.opt.Slot, upto.String(), from.String())
+	moved, err := state.CompareAndSet(ctx, tx, f.opt.Slot, from, upto)
 	if err != nil {
-		return false, fmt.Errorf("move checkpoint: %w", err)
+		return false, err
 	}
-	if tag.RowsAffected() == 0 {
+	if !moved {
 		// Someone committed this batch already (a retried flush or a
 		// takeover). Nothing is applied; learn where W is now.
 		_ = tx.Rollback(ctx)
-		w, err := ReadCheckpoint(ctx, f.opt.Pool, f.opt.Slot)
+		w, err := state.ReadCheckpoint(ctx, f.opt.Pool, f.opt.Slot)
 		if err != nil {
 			return false, err
 		}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/walcount/walcount/reconcile"
+	"github.com/walcount/walcount/state"
 )
 
 func newReconcileCmd(g *globalFlags) *cobra.Command {
@@ -149,7 +150,7 @@ func summarize(out io.Writer, r reconcile.RunInfo, took time.Duration) error {
 	}
 	fmt.Fprintf(out, "reconciliation %d %s: %d keys checked, %d drifted, %d %s, in %s\n",
 		r.ID, r.Status, r.KeysChecked, r.Drifted, map[bool]int64{true: r.Drifted, false: r.Corrected}[r.DryRun], verb, took.Round(time.Millisecond))
-	if r.Status != reconcile.StatusDone {
+	if r.Status != state.StatusDone {
 		return fmt.Errorf("reconciliation %d failed: %s", r.ID, r.Error)
 	}
 	return nil

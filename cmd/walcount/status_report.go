@@ -15,6 +15,7 @@ import (
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/state"
 )
 
 // statusReport is what walcount status prints; it works whether or not
@@ -44,16 +45,11 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	if r.Slot, err = monitor.ReadSlot(ctx, conn, cfg.Slot); err != nil {
 		return err
 	}
-	var (
-		at  time.Time
-		age float64
-	)
-	// The age is measured by the server's clock, like updated_at.
-	if err := conn.QueryRow(ctx, `SELECT lsn::text, updated_at, extract(epoch FROM clock_timestamp() - updated_at)::float8
-FROM walcount.checkpoint WHERE slot_name = $1`, cfg.Slot).Scan(&r.Checkpoint, &at, &age); err != nil {
+	if w, age, err := state.ReadCheckpointAge(ctx, conn, cfg.Slot); err != nil {
 		r.CheckpointError = fmt.Sprintf("no checkpoint (%v); run walcount setup", err)
 	} else {
-		r.CheckpointAt, r.CheckpointAge = &at, &age
+		at, sec := time.Now().Add(-age), age.Seconds()
+		r.Checkpoint, r.CheckpointAt, r.CheckpointAge = w.String(), &at, &sec
 	}
 	if ropt, err := redis.ParseURL(cfg.RedisURL); err != nil {
 		// A parse error may quote the URL, password included.

@@ -22,6 +22,7 @@ import (
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/state"
 )
 
 // Defaults of Options.
@@ -67,11 +68,11 @@ type Daemon struct {
 	rec  *reconcile.Reconciler
 
 	mu    sync.Mutex
-	state state
+	state daemonState
 }
 
-// state is what /status shows; guarded by Daemon.mu.
-type state struct {
+// daemonState is what /status shows; guarded by Daemon.mu.
+type daemonState struct {
 	streaming    bool
 	stream       *cdc.Stream
 	flusher      *sink.Flusher
@@ -177,7 +178,9 @@ func fatal(err error) bool {
 		errors.Is(err, aggregator.ErrNotAttributable) ||
 		errors.Is(err, counter.ErrBadValue) ||
 		errors.Is(err, counter.ErrBadTarget) ||
-		errors.Is(err, sink.ErrNoCheckpoint) ||
+		errors.Is(err, state.ErrNoCheckpoint) ||
+		errors.Is(err, state.ErrNotSetUp) ||
+		errors.Is(err, state.ErrSchemaVersion) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
 		isSlotLost(err)
 }

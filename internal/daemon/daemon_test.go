@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/redisbuf"

@@ -9,6 +9,7 @@ import (
 
 	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/reconcile"
+	"github.com/walcount/walcount/state"
 )
 
 // waitRun waits for the reconciler to be idle and returns the last run.
@@ -81,7 +82,7 @@ func TestReconcileCorrectsExactlyTheDrift(t *testing.T) {
 	stopLoad()
 	<-loadDone
 	w.report(t)
-	if got.Status != reconcile.StatusDone {
+	if got.Status != state.StatusDone {
 		t.Fatalf("run = %+v", got)
 	}
 	corrections := float64(counterValue(r.d.m.ReconcileCorrections.WithLabelValues("post_likes"))) - before
@@ -110,7 +111,7 @@ func TestReconcileDryRunChangesNothing(t *testing.T) {
 	e.waitCaughtUp(catchUp)
 	run := startRun(t, r, reconcile.Request{DryRun: true})
 	got := waitRun(t, r, run.ID)
-	if got.Status != reconcile.StatusDone || got.Drifted != 1 || got.Corrected != 0 {
+	if got.Status != state.StatusDone || got.Drifted != 1 || got.Corrected != 0 {
 		t.Fatalf("dry run = %+v", got)
 	}
 	if len(got.Drift) != 1 || got.Drift[0].Key != "9" || got.Drift[0].Correction != -2 {
@@ -158,12 +159,12 @@ func TestReconcileResumesAfterRestart(t *testing.T) {
 	if err := e.db.QueryRow(ctx, `SELECT status, keys_checked FROM walcount.reconcile_runs WHERE id = $1`, run.ID).Scan(&status, &checked); err != nil {
 		t.Fatal(err)
 	}
-	if status != reconcile.StatusRunning || checked < 500 || checked >= 3000 {
+	if status != state.StatusRunning || checked < 500 || checked >= 3000 {
 		t.Fatalf("after stop: status %s, keys checked %d; want an interrupted run", status, checked)
 	}
 	r2 := e.start()
 	got := waitRun(t, r2, run.ID)
-	if got.Status != reconcile.StatusDone || got.KeysChecked != 3000 || got.Corrected != 2 {
+	if got.Status != state.StatusDone || got.KeysChecked != 3000 || got.Corrected != 2 {
 		t.Fatalf("resumed run = %+v; want 3000 keys checked once and 2 corrections", got)
 	}
 	e.waitCaughtUp(catchUp)
@@ -200,7 +201,7 @@ func TestBackfillWhileWriting(t *testing.T) {
 	stopLoad()
 	<-loadDone
 	w.report(t)
-	if got.Kind != reconcile.KindBackfill || got.Status != reconcile.StatusDone || got.Corrected != 50 {
+	if got.Kind != state.KindBackfill || got.Status != state.StatusDone || got.Corrected != 50 {
 		t.Fatalf("backfill = %+v; want all 50 posts corrected", got)
 	}
 	e.waitCaughtUp(catchUp)

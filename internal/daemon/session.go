@@ -14,6 +14,7 @@ import (
 	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/state"
 )
 
 func isSlotLost(err error) bool { return errors.Is(err, monitor.ErrSlotLost) }
@@ -21,6 +22,10 @@ func isSlotLost(err error) bool { return errors.Is(err, monitor.ErrSlotLost) }
 // session runs one replication session; see the package documentation.
 // It returns nil only after a clean shutdown requested through ctx.
 func (d *Daemon) session(ctx context.Context) error {
+	// A schema of another version would be read or written wrongly.
+	if err := state.CheckVersion(ctx, d.pool); err != nil {
+		return err
+	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
 		Pool:     d.pool,
 		Buffer:   d.buf,

@@ -13,6 +13,7 @@ import (
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/state"
 )
 
 const (
@@ -93,7 +94,7 @@ type progress struct {
 
 // snapshot is one refreshed reading of the figures no event updates.
 type snapshot struct {
-	st         state
+	st         daemonState
 	p          progress
 	bufferKeys *int64
 	queueDepth int
@@ -190,17 +191,12 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 func (d *Daemon) readCheckpoint(ctx context.Context, p progress) progress {
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
-	var (
-		w   cdc.LSN
-		age float64
-	)
-	err := d.pool.QueryRow(rctx, `SELECT lsn::text, extract(epoch FROM clock_timestamp() - updated_at)::float8
-FROM walcount.checkpoint WHERE slot_name = $1`, d.cfg.Slot).Scan(&w, &age)
+	w, age, err := state.ReadCheckpointAge(rctx, d.pool, d.cfg.Slot)
 	if err != nil {
 		return p
 	}
 	p.w = w
-	p.movedAt = time.Now().Add(-time.Duration(max(age, 0) * float64(time.Second)))
+	p.movedAt = time.Now().Add(-age)
 	// The flusher sets walcount_checkpoint_lsn when it commits; this read
 	// fills it in before the first flush and while another walcount moves
 	// W. W never goes backwards, so an older reading must not win.

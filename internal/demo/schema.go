@@ -10,6 +10,7 @@ import (
 
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/redisbuf"
+	"github.com/walcount/walcount/state"
 )
 
 // Names the demo creates. They are its own, so that a demo against an
@@ -81,12 +82,10 @@ func dropAll(ctx context.Context, db *pgxpool.Pool, rdb *redis.Client) error {
 			return fmt.Errorf("clean up demo: %w", err)
 		}
 	}
-	var haveCheckpoint bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass('walcount.checkpoint') IS NOT NULL`).Scan(&haveCheckpoint); err != nil {
+	if have, err := state.HasCheckpoint(ctx, db, Slot); err != nil {
 		return fmt.Errorf("clean up demo: %w", err)
-	}
-	if haveCheckpoint {
-		if _, err := db.Exec(ctx, `DELETE FROM walcount.checkpoint WHERE slot_name = $1`, Slot); err != nil {
+	} else if have {
+		if err := state.DeleteCheckpoint(ctx, db, Slot); err != nil {
 			return fmt.Errorf("clean up demo: %w", err)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/state"
 )
 
 // settle waits until walcount's checkpoint passes a marker emitted now:
@@ -25,7 +25,7 @@ func settle(ctx context.Context, db *pgxpool.Pool, daemonDone <-chan error) erro
 	defer t.Stop()
 	var w cdc.LSN
 	for {
-		w, err = sink.ReadCheckpoint(ctx, db, Slot)
+		w, err = state.ReadCheckpoint(ctx, db, Slot)
 		if err == nil && w > marker {
 			return nil
 		}

@@ -32,9 +32,9 @@ func (r *run) checkIdentity(c counter.Counter, src *table, prefix string) error 
 	if src.Kind == "p" {
 		rels = nil
 		rows, err := r.conn.Query(r.ctx, `
-SELECT c.OID, quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relreplident::text
+SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relreplident::text
 FROM pg_partition_tree($1::regclass) p
-JOIN pg_class c ON c.OID = p.relid JOIN pg_namespace n ON n.OID = c.relnamespace
+JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE p.isleaf ORDER BY 2`, src.OID)
 		if err != nil {
 			return r.queryFailed(CheckReplicaIdentity, prefix+"partitions of "+src.sql, err)
@@ -97,7 +97,7 @@ func (r *run) identityColumns(oid uint32, replident string) (cols []string, desc
 	err = r.conn.QueryRow(r.ctx, `
 SELECT ic.relname, array_agg(a.attname::text ORDER BY k.ord)
 FROM pg_index i
-JOIN pg_class ic ON ic.OID = i.indexrelid
+JOIN pg_class ic ON ic.oid = i.indexrelid
 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = $1 AND `+cond+`

@@ -19,6 +19,7 @@ import (
 	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/state"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -87,8 +88,9 @@ func (f *fixture) createSlot(t *testing.T, plugin string) {
 // ("" means the slot's confirmed position).
 func (f *fixture) createCheckpoint(t *testing.T, lsn string) {
 	t.Helper()
-	f.exec(t, `CREATE SCHEMA walcount;
-CREATE TABLE walcount.checkpoint (slot_name text PRIMARY KEY, lsn pg_lsn NOT NULL, updated_at timestamptz NOT NULL)`)
+	if _, _, err := state.Migrate(context.Background(), f.conn); err != nil {
+		t.Fatal(err)
+	}
 	if lsn == "" {
 		f.exec(t, `INSERT INTO walcount.checkpoint
 SELECT slot_name, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = $1`, f.cfg.Slot)

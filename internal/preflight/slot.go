@@ -1,10 +1,13 @@
 package preflight
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/walcount/walcount/state"
 )
 
 // slotInfo is walcount's row of pg_replication_slots.
@@ -93,43 +96,36 @@ func (r *run) checkSlot() error {
 // slot's row. A row behind the slot's confirmed position means changes in
 // between were acknowledged without being counted.
 func (r *run) checkCheckpoint() error {
-	var exists, canUse, canSelect, canUpdate bool
-	// The catalogs are read directly: to_regclass would fail, not answer,
-	// for a role without USAGE on the schema.
-	err := r.conn.QueryRow(r.ctx, `
-WITH t AS (
-  SELECT c.OID FROM pg_class c JOIN pg_namespace n ON n.OID = c.relnamespace
-  WHERE n.nspname = 'walcount' AND c.relname = 'checkpoint')
-SELECT EXISTS (SELECT 1 FROM t),
-       coalesce((SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = 'walcount'), false),
-       coalesce((SELECT has_table_privilege(oid, 'SELECT') FROM t), false),
-       coalesce((SELECT has_table_privilege(oid, 'UPDATE') FROM t), false)`).Scan(&exists, &canUse, &canSelect, &canUpdate)
+	access, err := state.CheckpointAccess(r.ctx, r.conn)
 	if err != nil {
 		return r.queryFailed(CheckCheckpoint, "table walcount.checkpoint", err)
 	}
-	if !exists {
+	if !access.Exists {
 		r.problem(CheckCheckpoint, "table walcount.checkpoint does not exist", "walcount setup")
 		return nil
 	}
-	if !canUse || !canSelect || !canUpdate {
+	if !access.Usage || !access.Select || !access.Update {
 		r.problem(CheckCheckpoint, fmt.Sprintf("role %s may not read and update walcount.checkpoint", r.user),
 			fmt.Sprintf("GRANT USAGE ON SCHEMA walcount TO %[1]s; GRANT SELECT, INSERT, UPDATE ON walcount.checkpoint TO %[1]s;", r.ident(r.user)))
 		return nil
 	}
 
-	var lsnText string
-	err = r.conn.QueryRow(r.ctx, "SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1", r.cfg.Slot).Scan(&lsnText)
-	if errNoRows(err) {
+	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
+		r.problem(CheckCheckpoint, err.Error(), "walcount setup")
+		return nil
+	}
+	w, err := state.ReadCheckpoint(r.ctx, r.conn, r.cfg.Slot)
+	if errors.Is(err, state.ErrNoCheckpoint) {
 		r.problem(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint has no row for slot %s", r.cfg.Slot), "walcount setup")
 		return nil
 	}
 	if err != nil {
 		return r.queryFailed(CheckCheckpoint, "walcount.checkpoint", err)
 	}
+	lsnText := w.String()
 	if r.slot != nil && r.slot.confirmedLSN != nil {
-		w, errW := pglogrepl.ParseLSN(lsnText)
 		c, errC := pglogrepl.ParseLSN(*r.slot.confirmedLSN)
-		if errW == nil && errC == nil && w < c {
+		if errC == nil && w < c {
 			r.warn(CheckCheckpoint,
 				fmt.Sprintf("checkpoint %s of slot %s is behind the slot's confirmed position %s: if the slot was advanced by hand, changes in between were never counted (walcount itself confirms past its checkpoint only to let PostgreSQL shut down while nothing was streaming, which loses nothing)", w, r.cfg.Slot, c),
 				"walcount reconcile")

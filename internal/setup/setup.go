@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/state"
 )
 
 // ErrNoLogicalReplication means the server's wal_level is not logical.
@@ -99,10 +99,22 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 		return nil
 	}
 
-	if err := exec("CREATE SCHEMA IF NOT EXISTS " + sink.Schema); err != nil {
-		return res, err
-	}
-	if err := exec(sink.CheckpointDDL); err != nil {
+	// The state schema, created or migrated forward to this walcount's
+	// version in one transaction.
+	if opt.PrintSQL {
+		from, err := state.ReadVersion(ctx, conn)
+		if errors.Is(err, state.ErrNotSetUp) {
+			from, err = 0, nil
+		}
+		if err != nil {
+			return res, err
+		}
+		if from < state.Version {
+			for _, stmt := range state.MigrationSQL(from) {
+				_ = exec(stmt)
+			}
+		}
+	} else if _, _, err := state.Migrate(ctx, conn); err != nil {
 		return res, err
 	}
 
@@ -139,11 +151,9 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 	if slotExists && plugin != "pgoutput" && !opt.RecreateSlot {
 		return res, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput; run walcount setup --recreate-slot", opt.Slot, plugin)
 	}
-	var hadCheckpoint bool
-	if !opt.PrintSQL {
-		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM walcount.checkpoint WHERE slot_name = $1)", opt.Slot).Scan(&hadCheckpoint); err != nil {
-			return res, fmt.Errorf("read checkpoint: %w", err)
-		}
+	hadCheckpoint, err := state.HasCheckpoint(ctx, conn, opt.Slot)
+	if err != nil {
+		return res, err
 	}
 	if slotExists && opt.RecreateSlot {
 		if err := exec("SELECT pg_drop_replication_slot($1)", opt.Slot); err != nil {
@@ -154,10 +164,10 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 	if !slotExists {
 		if opt.PrintSQL {
 			_ = exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", opt.Slot)
-			_ = exec("INSERT INTO walcount.checkpoint (slot_name, lsn, updated_at) SELECT $1, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = $1 ON CONFLICT (slot_name) DO UPDATE SET lsn = excluded.lsn, updated_at = now()", opt.Slot)
+			_ = exec(state.InitCheckpointFromSlotSQL, opt.Slot)
 			return res, nil
 		}
-		var lsn string
+		var lsn state.LSN
 		if err := conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", opt.Slot).Scan(&lsn); err != nil {
 			return res, fmt.Errorf("create replication slot %q: %w", opt.Slot, err)
 		}
@@ -165,11 +175,10 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 		// A new slot starts a new history: whatever the counters missed
 		// before it (or since an old slot was lost) needs a reconcile.
 		res.NeedsReconcile = hadCheckpoint
-		if _, err := conn.Exec(ctx, `INSERT INTO walcount.checkpoint (slot_name, lsn, updated_at) VALUES ($1, $2::pg_lsn, now())
-ON CONFLICT (slot_name) DO UPDATE SET lsn = excluded.lsn, updated_at = now()`, opt.Slot, lsn); err != nil {
-			return res, fmt.Errorf("write checkpoint: %w", err)
+		if _, err := state.InitCheckpoint(ctx, conn, opt.Slot, lsn, true); err != nil {
+			return res, err
 		}
-		res.CheckpointLSN = lsn
+		res.CheckpointLSN = lsn.String()
 		return res, nil
 	}
 	if opt.PrintSQL {
@@ -177,14 +186,15 @@ ON CONFLICT (slot_name) DO UPDATE SET lsn = excluded.lsn, updated_at = now()`, o
 	}
 	// The slot exists: keep the checkpoint, or start one at the slot's
 	// confirmed position when it is missing.
-	if _, err := conn.Exec(ctx, `INSERT INTO walcount.checkpoint (slot_name, lsn, updated_at)
-SELECT slot_name, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = $1
-ON CONFLICT (slot_name) DO NOTHING`, opt.Slot); err != nil {
-		return res, fmt.Errorf("write checkpoint: %w", err)
+	var confirmed state.LSN
+	if err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", opt.Slot).Scan(&confirmed); err != nil {
+		return res, fmt.Errorf("read replication slot %q: %w", opt.Slot, err)
 	}
-	if err := conn.QueryRow(ctx, "SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1", opt.Slot).Scan(&res.CheckpointLSN); err != nil {
-		return res, fmt.Errorf("read checkpoint: %w", err)
+	w, err := state.InitCheckpoint(ctx, conn, opt.Slot, confirmed, false)
+	if err != nil {
+		return res, err
 	}
+	res.CheckpointLSN = w.String()
 	return res, nil
 }
 

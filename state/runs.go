@@ -1,4 +1,4 @@
-package reconcile
+package state
 
 import (
 	"context"
@@ -8,40 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walcount/walcount/counter"
 )
-
-// SchemaDDL creates the tables that keep reconciliation progress, so a run
-// resumes after a restart, and the counters already backfilled.
-const SchemaDDL = `
-CREATE TABLE IF NOT EXISTS walcount.reconcile_runs (
-    id           bigserial PRIMARY KEY,
-    slot_name    text NOT NULL,
-    kind         text NOT NULL,
-    counters     text[] NOT NULL,
-    dry_run      boolean NOT NULL,
-    batch_size   integer NOT NULL,
-    status       text NOT NULL,
-    cur_counter  text,
-    last_key     text,
-    total        bigint NOT NULL DEFAULT 0,
-    keys_checked bigint NOT NULL DEFAULT 0,
-    drifted      bigint NOT NULL DEFAULT 0,
-    corrected    bigint NOT NULL DEFAULT 0,
-    error        text,
-    started_at   timestamptz NOT NULL DEFAULT now(),
-    updated_at   timestamptz NOT NULL DEFAULT now(),
-    finished_at  timestamptz
-);
-CREATE TABLE IF NOT EXISTS walcount.counters (
-    slot_name     text NOT NULL,
-    name          text NOT NULL,
-    definition    text NOT NULL,
-    backfilled_at timestamptz,
-    PRIMARY KEY (slot_name, name)
-)`
 
 // Run statuses.
 const (
@@ -58,9 +27,9 @@ const (
 	KindBackfill  = "backfill"
 )
 
-// RunInfo is one reconciliation run as /status and walcount reconcile
+// Run is one reconciliation run as /status and walcount reconcile
 // show it.
-type RunInfo struct {
+type Run struct {
 	ID          int64      `json:"id"`
 	Kind        string     `json:"kind"`
 	Counters    []string   `json:"counters"`
@@ -80,39 +49,47 @@ type RunInfo struct {
 	Drift []KeyDrift `json:"drift,omitempty"`
 }
 
-// MaxDriftSamples bounds RunInfo.Drift.
+// KeyDrift is one key whose column is off.
+type KeyDrift struct {
+	Counter    string `json:"counter"`
+	Key        string `json:"key"`
+	Cached     int64  `json:"cached"`
+	True       int64  `json:"true"`
+	Correction int64  `json:"correction"`
+}
+
+// MaxDriftSamples bounds Run.Drift.
 const MaxDriftSamples = 100
 
-type store struct {
-	pool *pgxpool.Pool
+// Runs keeps the reconciliation runs and backfills of one slot in
+// walcount.reconcile_runs and walcount.counters.
+type Runs struct {
+	q    Querier
 	slot string
 }
 
-func (s store) ensure(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, SchemaDDL); err != nil {
-		return fmt.Errorf("create reconcile tables: %w", err)
-	}
-	return nil
-}
+// NewRuns returns the run store of slot on q.
+func NewRuns(q Querier, slot string) Runs { return Runs{q: q, slot: slot} }
 
 const runCols = `id, kind, counters, dry_run, batch_size, status, coalesce(cur_counter, ''), coalesce(last_key, ''),
 total, keys_checked, drifted, corrected, coalesce(error, ''), started_at, finished_at`
 
-func scanRun(row pgx.Row) (RunInfo, error) {
-	var r RunInfo
+func scanRun(row pgx.Row) (Run, error) {
+	var r Run
 	err := row.Scan(&r.ID, &r.Kind, &r.Counters, &r.DryRun, &r.BatchSize, &r.Status, &r.CurCounter, &r.LastKey,
 		&r.Total, &r.KeysChecked, &r.Drifted, &r.Corrected, &r.Error, &r.StartedAt, &r.FinishedAt)
 	return r, err
 }
 
-func (s store) create(ctx context.Context, kind string, counters []string, dry bool, batch int) (RunInfo, error) {
-	return scanRun(s.pool.QueryRow(ctx, `INSERT INTO walcount.reconcile_runs (slot_name, kind, counters, dry_run, batch_size, status)
+// Create records a pending run.
+func (s Runs) Create(ctx context.Context, kind string, counters []string, dry bool, batch int) (Run, error) {
+	return scanRun(s.q.QueryRow(ctx, `INSERT INTO walcount.reconcile_runs (slot_name, kind, counters, dry_run, batch_size, status)
 VALUES ($1, $2, $3, $4, $5, 'pending') RETURNING `+runCols, s.slot, kind, counters, dry, batch))
 }
 
-// unfinished returns the oldest run that did not finish, to resume it.
-func (s store) unfinished(ctx context.Context) (RunInfo, bool, error) {
-	r, err := scanRun(s.pool.QueryRow(ctx, `SELECT `+runCols+` FROM walcount.reconcile_runs
+// Unfinished returns the oldest run that did not finish, to resume it.
+func (s Runs) Unfinished(ctx context.Context) (Run, bool, error) {
+	r, err := scanRun(s.q.QueryRow(ctx, `SELECT `+runCols+` FROM walcount.reconcile_runs
 WHERE slot_name = $1 AND status IN ('pending', 'running') ORDER BY id LIMIT 1`, s.slot))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
@@ -120,18 +97,19 @@ WHERE slot_name = $1 AND status IN ('pending', 'running') ORDER BY id LIMIT 1`, 
 	return r, err == nil, err
 }
 
-// lastFinished returns when the last run of kind ended.
-func (s store) lastFinished(ctx context.Context) (time.Time, bool, error) {
+// LastFinished returns when the last run that completed ended.
+func (s Runs) LastFinished(ctx context.Context) (time.Time, bool, error) {
 	var t *time.Time
-	err := s.pool.QueryRow(ctx, `SELECT max(finished_at) FROM walcount.reconcile_runs WHERE slot_name = $1 AND status = 'done'`, s.slot).Scan(&t)
+	err := s.q.QueryRow(ctx, `SELECT max(finished_at) FROM walcount.reconcile_runs WHERE slot_name = $1 AND status = 'done'`, s.slot).Scan(&t)
 	if err != nil || t == nil {
 		return time.Time{}, false, err
 	}
 	return *t, true, nil
 }
 
-func (s store) progress(ctx context.Context, r RunInfo) error {
-	_, err := s.pool.Exec(ctx, `UPDATE walcount.reconcile_runs SET status = $2, cur_counter = $3, last_key = $4,
+// Progress saves a run's figures and status.
+func (s Runs) Progress(ctx context.Context, r Run) error {
+	_, err := s.q.Exec(ctx, `UPDATE walcount.reconcile_runs SET status = $2, cur_counter = $3, last_key = $4,
 total = $5, keys_checked = $6, drifted = $7, corrected = $8, error = nullif($9, ''), updated_at = now(),
 finished_at = CASE WHEN $2 IN ('done', 'failed') THEN now() END
 WHERE id = $1`, r.ID, r.Status, r.CurCounter, r.LastKey, r.Total, r.KeysChecked, r.Drifted, r.Corrected, r.Error)
@@ -146,14 +124,14 @@ func definition(c counter.Counter) string {
 	return string(b)
 }
 
-// needBackfill returns the counters that were never backfilled or whose
+// NeedBackfill returns the counters that were never backfilled or whose
 // definition changed.
-func (s store) needBackfill(ctx context.Context, counters []counter.Counter) ([]string, error) {
+func (s Runs) NeedBackfill(ctx context.Context, counters []counter.Counter) ([]string, error) {
 	var out []string
 	for _, c := range counters {
 		var def string
 		var at *time.Time
-		err := s.pool.QueryRow(ctx, `SELECT definition, backfilled_at FROM walcount.counters WHERE slot_name = $1 AND name = $2`, s.slot, c.Name).Scan(&def, &at)
+		err := s.q.QueryRow(ctx, `SELECT definition, backfilled_at FROM walcount.counters WHERE slot_name = $1 AND name = $2`, s.slot, c.Name).Scan(&def, &at)
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (def != definition(c) || at == nil)) {
 			out = append(out, c.Name)
 			continue
@@ -165,8 +143,9 @@ func (s store) needBackfill(ctx context.Context, counters []counter.Counter) ([]
 	return out, nil
 }
 
-func (s store) backfilled(ctx context.Context, c counter.Counter) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, $2, $3, now())
+// Backfilled records that c was backfilled with its current definition.
+func (s Runs) Backfilled(ctx context.Context, c counter.Counter) error {
+	_, err := s.q.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, $2, $3, now())
 ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, backfilled_at = excluded.backfilled_at`, s.slot, c.Name, definition(c))
 	if err != nil {
 		return fmt.Errorf("record backfill of %s: %w", c.Name, err)

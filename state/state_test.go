@@ -1,0 +1,169 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/walcount/walcount/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func pool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(context.Background(), testenv.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// preVersionSchema is the state a walcount of before the schema version
+// left: setup made the schema and the checkpoint table, the daemon made
+// the reconcile tables on its first start.
+const preVersionSchema = `
+CREATE SCHEMA IF NOT EXISTS walcount;
+CREATE TABLE IF NOT EXISTS walcount.checkpoint (
+    slot_name  text PRIMARY KEY,
+    lsn        pg_lsn NOT NULL,
+    updated_at timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS walcount.reconcile_runs (
+    id           bigserial PRIMARY KEY,
+    slot_name    text NOT NULL,
+    kind         text NOT NULL,
+    counters     text[] NOT NULL,
+    dry_run      boolean NOT NULL,
+    batch_size   integer NOT NULL,
+    status       text NOT NULL,
+    cur_counter  text,
+    last_key     text,
+    total        bigint NOT NULL DEFAULT 0,
+    keys_checked bigint NOT NULL DEFAULT 0,
+    drifted      bigint NOT NULL DEFAULT 0,
+    corrected    bigint NOT NULL DEFAULT 0,
+    error        text,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz
+);
+CREATE TABLE IF NOT EXISTS walcount.counters (
+    slot_name     text NOT NULL,
+    name          text NOT NULL,
+    definition    text NOT NULL,
+    backfilled_at timestamptz,
+    PRIMARY KEY (slot_name, name)
+);
+INSERT INTO walcount.checkpoint VALUES ('walcount', '0/1A2B3C4D', now() - interval '5 seconds');
+INSERT INTO walcount.reconcile_runs (slot_name, kind, counters, dry_run, batch_size, status, last_key)
+VALUES ('walcount', 'manual', '{post_likes}', false, 1000, 'running', '42');`
+
+// TestMigrateFromPreVersionSchema upgrades the schema a running walcount
+// of the previous release kept: the checkpoint and an unfinished run are
+// preserved, the version is recorded, and a second migration is a no-op.
+func TestMigrateFromPreVersionSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pool(t)
+	if _, err := db.Exec(ctx, preVersionSchema); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := ReadVersion(ctx, db); err != nil || v != 0 {
+		t.Fatalf("ReadVersion before migrating = %d, %v; want 0", v, err)
+	}
+	if err := CheckVersion(ctx, db); !errors.Is(err, ErrSchemaVersion) || !strings.Contains(err.Error(), "run walcount setup") {
+		t.Fatalf("CheckVersion before migrating = %v, want ErrSchemaVersion naming walcount setup", err)
+	}
+	from, to, err := Migrate(ctx, db)
+	if err != nil || from != 0 || to != Version {
+		t.Fatalf("Migrate = %d, %d, %v; want 0, %d", from, to, err, Version)
+	}
+	if err := CheckVersion(ctx, db); err != nil {
+		t.Fatalf("CheckVersion after migrating = %v", err)
+	}
+	w, err := ReadCheckpoint(ctx, db, "walcount")
+	if err != nil || w.String() != "0/1A2B3C4D" {
+		t.Fatalf("checkpoint after migrating = %s, %v; want 0/1A2B3C4D", w, err)
+	}
+	run, ok, err := NewRuns(db, "walcount").Unfinished(ctx)
+	if err != nil || !ok || run.LastKey != "42" {
+		t.Fatalf("unfinished run after migrating = %+v, %v, %v; want the running one at key 42", run, ok, err)
+	}
+	if from, to, err := Migrate(ctx, db); err != nil || from != Version || to != Version {
+		t.Fatalf("second Migrate = %d, %d, %v; want a no-op at %d", from, to, err, Version)
+	}
+}
+
+// TestSchemaVersions: no schema at all, a fresh schema, and a schema newer
+// than this walcount, which neither check nor migrate accepts.
+func TestSchemaVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pool(t)
+	if err := CheckVersion(ctx, db); !errors.Is(err, ErrNotSetUp) {
+		t.Fatalf("CheckVersion without a schema = %v, want ErrNotSetUp", err)
+	}
+	if from, to, err := Migrate(ctx, db); err != nil || from != 0 || to != Version {
+		t.Fatalf("Migrate on an empty database = %d, %d, %v", from, to, err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO walcount.schema_version (version) VALUES ($1)`, Version+1); err != nil {
+		t.Fatal(err)
+	}
+	err := CheckVersion(ctx, db)
+	if !errors.Is(err, ErrSchemaVersion) || !strings.Contains(err.Error(), "newer than this walcount knows") {
+		t.Fatalf("CheckVersion of a newer schema = %v", err)
+	}
+	if _, _, err := Migrate(ctx, db); !errors.Is(err, ErrSchemaVersion) {
+		t.Fatalf("Migrate of a newer schema = %v, want ErrSchemaVersion", err)
+	}
+}
+
+// TestCompareAndSet: the checkpoint moves only from W, so a replayed or
+// concurrent flush applies nothing.
+func TestCompareAndSet(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pool(t)
+	if _, _, err := Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadCheckpoint(ctx, db, "s"); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("ReadCheckpoint of a slot without one = %v, want ErrNoCheckpoint", err)
+	}
+	if w, err := InitCheckpoint(ctx, db, "s", 100, false); err != nil || w != 100 {
+		t.Fatalf("InitCheckpoint = %s, %v", w, err)
+	}
+	if w, err := InitCheckpoint(ctx, db, "s", 50, false); err != nil || w != 100 {
+		t.Fatalf("InitCheckpoint without replace = %s, %v; want the existing 0/64", w, err)
+	}
+	move := func(from, to LSN) bool {
+		t.Helper()
+		var moved bool
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			var err error
+			moved, err = CompareAndSet(ctx, tx, "s", from, to)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return moved
+	}
+	if !move(100, 200) {
+		t.Fatal("CompareAndSet from W did not move it")
+	}
+	if move(100, 300) {
+		t.Fatal("CompareAndSet from a stale W moved it")
+	}
+	w, age, err := ReadCheckpointAge(ctx, db, "s")
+	if err != nil || w != 200 || age > time.Minute {
+		t.Fatalf("ReadCheckpointAge = %s, %s, %v; want 0/C8 just now", w, age, err)
+	}
+}
