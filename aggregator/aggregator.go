@@ -12,7 +12,6 @@ import (
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
-	"github.com/walcount/walcount/internal/redisbuf"
 )
 
 // Defaults of Options.
@@ -27,12 +26,12 @@ const (
 
 // Buffer is the part of the Redis buffer the aggregator writes.
 type Buffer interface {
-	Apply(ctx context.Context, prev, last cdc.LSN, deltas []redisbuf.Delta) (bool, error)
+	Apply(ctx context.Context, prev, last cdc.LSN, deltas []counter.Delta) (bool, error)
 }
 
 // Barrierer applies a TRUNCATE barrier; the sink implements it.
 type Barrierer interface {
-	Barrier(ctx context.Context, end cdc.LSN, reset []string, deltas []redisbuf.Delta) error
+	Barrier(ctx context.Context, end cdc.LSN, reset []string, deltas []counter.Delta) error
 }
 
 // CommitRecorder is told the commit time of every applied transaction
@@ -44,7 +43,7 @@ type CommitRecorder interface {
 // MessageHandler receives walcount's own logical messages (prefix
 // "walcount") at their place in the stream. It may return deltas, which
 // are added to the message's transaction as ordinary deltas.
-type MessageHandler func(end cdc.LSN, xid uint32, content []byte) ([]redisbuf.Delta, error)
+type MessageHandler func(end cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error)
 
 // TxnObserver sees every committed transaction with its deltas (before
 // coalescing across transactions) and the counters it truncated;
@@ -94,7 +93,7 @@ type Aggregator struct {
 	pendingLast  cdc.LSN
 	pendingSince time.Time
 	pendingTxns  int
-	scratch      []redisbuf.Delta
+	scratch      []counter.Delta
 }
 
 // New returns an Aggregator continuing the chain at opt.Start.
@@ -308,9 +307,9 @@ func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 		for name := range a.resets {
 			reset = append(reset, name)
 		}
-		deltas := make([]redisbuf.Delta, 0, a.txn.size())
+		deltas := make([]counter.Delta, 0, a.txn.size())
 		for f, n := range a.txn.all() {
-			deltas = append(deltas, redisbuf.Delta{Field: f, N: n})
+			deltas = append(deltas, counter.Delta{Field: f, N: n})
 		}
 		if err := a.opt.Barrier.Barrier(ctx, ev.LSN, reset, deltas); err != nil {
 			return fmt.Errorf("truncate barrier at %s: %w", ev.LSN, err)
@@ -339,7 +338,7 @@ func (a *Aggregator) writePending(ctx context.Context) error {
 	}
 	a.scratch = a.scratch[:0]
 	for f, n := range a.pending.all() {
-		a.scratch = append(a.scratch, redisbuf.Delta{Field: f, N: n})
+		a.scratch = append(a.scratch, counter.Delta{Field: f, N: n})
 	}
 	if _, err := a.opt.Buffer.Apply(ctx, a.prev, a.pendingLast, a.scratch); err != nil {
 		return err

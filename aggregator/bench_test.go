@@ -7,12 +7,11 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/redisbuf"
 )
 
 type discardBuffer struct{}
 
-func (discardBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []redisbuf.Delta) (bool, error) {
+func (discardBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []counter.Delta) (bool, error) {
 	return true, nil
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/redisbuf"
 )
 
 // likes(id, post_id, state, weight) with REPLICA IDENTITY FULL.
@@ -146,7 +145,7 @@ type recorded struct {
 	deltas     map[string]int64
 }
 
-func (r *recordingBuffer) Apply(_ context.Context, prev, last cdc.LSN, ds []redisbuf.Delta) (bool, error) {
+func (r *recordingBuffer) Apply(_ context.Context, prev, last cdc.LSN, ds []counter.Delta) (bool, error) {
 	m := map[string]int64{}
 	for _, d := range ds {
 		m[d.Field] += d.N
@@ -161,7 +160,7 @@ type recordingBarrier struct {
 	deltas map[string]int64
 }
 
-func (r *recordingBarrier) Barrier(_ context.Context, end cdc.LSN, reset []string, ds []redisbuf.Delta) error {
+func (r *recordingBarrier) Barrier(_ context.Context, end cdc.LSN, reset []string, ds []counter.Delta) error {
 	r.end, r.reset, r.deltas = end, reset, map[string]int64{}
 	for _, d := range ds {
 		r.deltas[d.Field] += d.N
@@ -354,7 +353,7 @@ func TestNumericSumErrors(t *testing.T) {
 // countingBuffer counts Apply calls.
 type countingBuffer struct{ calls atomic.Int64 }
 
-func (c *countingBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []redisbuf.Delta) (bool, error) {
+func (c *countingBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []counter.Delta) (bool, error) {
 	c.calls.Add(1)
 	return true, nil
 }

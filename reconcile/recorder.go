@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/internal/redisbuf"
+	"github.com/walcount/walcount/counter"
 )
 
 // errSessionRestarted means the replication session a measurement relied
@@ -114,7 +114,7 @@ func (r *Recorder) register(m *measurement) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, k := range m.keys {
-		f := redisbuf.Field(m.counter, k)
+		f := counter.Field(m.counter, k)
 		if other := r.fields[f]; other != nil {
 			return fmt.Errorf("key %s of counter %s is already being measured", k, m.counter)
 		}
@@ -124,7 +124,7 @@ func (r *Recorder) register(m *measurement) error {
 	m.done = make(chan struct{})
 	r.byID[m.id] = m
 	for _, k := range m.keys {
-		r.fields[redisbuf.Field(m.counter, k)] = m
+		r.fields[counter.Field(m.counter, k)] = m
 	}
 	r.active.Add(1)
 	return nil
@@ -147,7 +147,7 @@ func (r *Recorder) finishLocked(m *measurement, err error) {
 	}
 	m.err = err
 	for _, k := range m.keys {
-		if f := redisbuf.Field(m.counter, k); r.fields[f] == m {
+		if f := counter.Field(m.counter, k); r.fields[f] == m {
 			delete(r.fields, f)
 		}
 	}
@@ -169,7 +169,7 @@ var reconcileTag = []byte(`"reconcile"`)
 // HandleMessage is the aggregator's MessageHandler. At a measurement's M1
 // it computes the corrections and returns those to apply, as deltas of
 // M1's transaction.
-func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]redisbuf.Delta, error) {
+func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error) {
 	if !bytes.Contains(content, reconcileTag) {
 		return nil, nil // a heartbeat
 	}
@@ -201,9 +201,9 @@ func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]redis
 		out := m.evaluate()
 		m.out = out
 		r.finishLocked(m, nil)
-		deltas := make([]redisbuf.Delta, 0, len(out.applied))
+		deltas := make([]counter.Delta, 0, len(out.applied))
 		for _, d := range out.applied {
-			deltas = append(deltas, redisbuf.Delta{Field: redisbuf.Field(d.Counter, d.Key), N: d.Correction})
+			deltas = append(deltas, counter.Delta{Field: counter.Field(d.Counter, d.Key), N: d.Correction})
 		}
 		return deltas, nil
 	}
@@ -275,7 +275,7 @@ func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int
 			rec = &txnRecord{xid: xid, end: end, deltas: map[string]int64{}}
 			recs[m] = rec
 		}
-		_, key, _ := redisbuf.SplitField(f)
+		_, key, _ := counter.SplitField(f)
 		rec.deltas[key] += d
 	}
 	for m, rec := range recs {

@@ -17,7 +17,6 @@ import (
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
-	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/state"
 )
 
@@ -28,13 +27,31 @@ const DefaultChunkSize = 5000
 // being flushed: someone else wrote it. The session must restart.
 var ErrCheckpointMoved = errors.New("checkpoint moved under the flusher")
 
+// Buffer is the part of the buffer the flusher uses: the atomic hand-over
+// of everything buffered past W, and the two ways a flush ends (DESIGN
+// rules 6 and 7). buffer.Redis implements it.
+type Buffer interface {
+	// HandOver starts or resumes a flush from w and returns its range
+	// (from, upto]; ok is false when nothing lies past w. It fails with an
+	// error wrapping buffer.ErrChainBroken when the buffer does not start
+	// at w.
+	HandOver(ctx context.Context, w cdc.LSN) (from, upto cdc.LSN, ok bool, err error)
+	// Flushing reads the deltas being flushed, field → delta.
+	Flushing(ctx context.Context) (map[string]string, error)
+	// Done ends the flush of (from, upto] after its PostgreSQL commit.
+	Done(ctx context.Context, from, upto cdc.LSN) error
+	// Advance moves an empty chain from w to next, which PostgreSQL
+	// reached without the buffer (a TRUNCATE barrier).
+	Advance(ctx context.Context, w, next cdc.LSN) error
+}
+
 // AckFunc hands W to cdc once it is durable in PostgreSQL.
 type AckFunc func(lsn cdc.LSN)
 
 // Options configure a Flusher.
 type Options struct {
 	Pool     *pgxpool.Pool
-	Buffer   *redisbuf.Buffer
+	Buffer   Buffer
 	Slot     string
 	Counters []counter.Counter
 	// Ack is called with every new W; nil ignores it.
@@ -199,7 +216,7 @@ type counterBatch struct {
 func (f *Flusher) group(fields map[string]string) ([]*counterBatch, error) {
 	by := make(map[string]*counterBatch)
 	for field, v := range fields {
-		name, key, ok := redisbuf.SplitField(field)
+		name, key, ok := counter.SplitField(field)
 		if !ok {
 			return nil, fmt.Errorf("group deltas: malformed buffer field %q", field)
 		}
@@ -332,7 +349,7 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*coun
 // then one transaction zeroes the truncated counters, applies the
 // transaction's own later deltas and moves W to end (DESIGN §2 rule 10).
 // The caller must not add to the buffer while Barrier runs.
-func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, deltas []redisbuf.Delta) error {
+func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, deltas []counter.Delta) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, err := f.flushLocked(ctx); err != nil {

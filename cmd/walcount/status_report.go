@@ -11,9 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redact"
-	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/state"
 )
@@ -57,7 +57,7 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	} else {
 		rdb := redis.NewClient(ropt)
 		defer rdb.Close()
-		buf := redisbuf.New(rdb, cfg.Slot)
+		buf := buffer.New(rdb, cfg.Slot)
 		if meta, err := buf.Meta(ctx); err != nil {
 			r.RedisError = redact.URL(err.Error())
 		} else if meta.Exists {

@@ -12,13 +12,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/aggregator"
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
-	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
@@ -32,6 +32,13 @@ const (
 	// DefaultTakeoverPoll is how often a standby instance retries a slot
 	// that another walcount holds.
 	DefaultTakeoverPoll = time.Second
+)
+
+// The Redis buffer serves every stage that needs one, through the narrow
+// interface each declares.
+var (
+	_ aggregator.Buffer = (*buffer.Redis)(nil)
+	_ sink.Buffer       = (*buffer.Redis)(nil)
 )
 
 // Options configure a Daemon.
@@ -62,7 +69,7 @@ type Daemon struct {
 	m    *metrics.Metrics
 	pool *pgxpool.Pool
 	rdb  *redis.Client
-	buf  *redisbuf.Buffer
+	buf  *buffer.Redis
 	lag  *sink.LagTracker
 	mon  *monitor.Monitor
 	rec  *reconcile.Reconciler
@@ -138,7 +145,7 @@ func New(opt Options) (*Daemon, error) {
 		m:    opt.Metrics,
 		pool: pool,
 		rdb:  rdb,
-		buf:  redisbuf.New(rdb, cfg.Slot),
+		buf:  buffer.New(rdb, cfg.Slot),
 		lag:  sink.NewLagTracker(0),
 		mon: monitor.NewMonitor(pool, cfg.Slot, cfg.SlotSettings.PollInterval, cfg.SlotSettings.MaxLagBytes,
 			opt.Metrics, opt.Logger.With(zap.String(logSlot, cfg.Slot))),

@@ -8,9 +8,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/failpoint"
-	"github.com/walcount/walcount/internal/redisbuf"
 )
 
 const catchUp = 60 * time.Second
@@ -40,7 +40,7 @@ func TestRandomWorkloadEndsExact(t *testing.T) {
 		t.Errorf("slot confirmed %s, checkpoint %s: the final ack must reach W", confirmed, w0)
 	}
 	rdb := e.rdb()
-	if n, err := redisbuf.New(rdb, e.cfg.Slot).Len(ctx); err != nil || n != 0 {
+	if n, err := buffer.New(rdb, e.cfg.Slot).Len(ctx); err != nil || n != 0 {
 		t.Errorf("buffer keys after clean stop = %d, %v; want 0", n, err)
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/aggregator"
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/state"
@@ -200,7 +200,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher) (cdc.LSN, error) 
 		}
 	}
 	if _, err := f.Flush(ctx); err != nil {
-		if !errors.Is(err, redisbuf.ErrChainBroken) {
+		if !errors.Is(err, buffer.ErrChainBroken) {
 			return 0, fmt.Errorf("resume flush: %w", err)
 		}
 		// Redis lost data or holds another history. Nothing past W was
@@ -216,7 +216,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher) (cdc.LSN, error) 
 		return 0, err
 	}
 	if meta.LSN < f.W() {
-		return 0, fmt.Errorf("recover: %w: redis is at %s, behind the checkpoint %s", redisbuf.ErrChainBroken, meta.LSN, f.W())
+		return 0, fmt.Errorf("recover: %w: redis is at %s, behind the checkpoint %s", buffer.ErrChainBroken, meta.LSN, f.W())
 	}
 	return meta.LSN, nil
 }

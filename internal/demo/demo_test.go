@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/walcount/walcount/internal/redisbuf"
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/internal/testenv"
 )
 
@@ -99,7 +99,7 @@ func TestRunOnGivenServers(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	defer rdb.Close()
-	n, err := rdb.Exists(ctx, redisbuf.KeysFor(Slot).All()...).Result()
+	n, err := rdb.Exists(ctx, buffer.KeysFor(Slot).All()...).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

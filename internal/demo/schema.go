@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/state"
 )
 
@@ -89,7 +89,7 @@ func dropAll(ctx context.Context, db *pgxpool.Pool, rdb *redis.Client) error {
 			return fmt.Errorf("clean up demo: %w", err)
 		}
 	}
-	if err := redisbuf.New(rdb, Slot).Drop(ctx); err != nil {
+	if err := buffer.New(rdb, Slot).Drop(ctx); err != nil {
 		return fmt.Errorf("clean up demo: %w", err)
 	}
 	return nil

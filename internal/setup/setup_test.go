@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/redisbuf"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/internal/testenv"
@@ -331,7 +331,7 @@ func TestTeardown(t *testing.T) {
 	rdb := redis.NewClient(ropt)
 	defer rdb.Close()
 	ctx := context.Background()
-	keys := redisbuf.KeysFor(f.slot)
+	keys := buffer.KeysFor(f.slot)
 	if err := rdb.HSet(ctx, keys.Buffer, "post_likes:1", 3).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/walcount/walcount/internal/redisbuf"
+	"github.com/walcount/walcount/buffer"
 )
 
 // TeardownPlan lists what Teardown drops.
@@ -16,7 +16,7 @@ func TeardownPlan(slot, publication string) []string {
 		fmt.Sprintf("replication slot %q (SELECT pg_drop_replication_slot('%s'))", slot, slot),
 		fmt.Sprintf("publication %q (DROP PUBLICATION %s)", publication, pgx.Identifier{publication}.Sanitize()),
 		"schema walcount and its tables (DROP SCHEMA walcount CASCADE)",
-		fmt.Sprintf("redis keys %v", redisbuf.KeysFor(slot).All()),
+		fmt.Sprintf("redis keys %v", buffer.KeysFor(slot).All()),
 	}
 }
 
@@ -35,7 +35,7 @@ func Teardown(ctx context.Context, conn *pgx.Conn, rdb redis.UniversalClient, sl
 		return fmt.Errorf("drop schema walcount: %w", err)
 	}
 	if rdb != nil {
-		if err := redisbuf.New(rdb, slot).Drop(ctx); err != nil {
+		if err := buffer.New(rdb, slot).Drop(ctx); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package redisbuf
+package buffer
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/walcount/walcount/counter"
 )
 
 // LSN is a PostgreSQL WAL position.
@@ -45,21 +47,6 @@ func ParseLSN(s string) (LSN, error) {
 		return 0, fmt.Errorf("parse stored lsn %q: %w", s, err)
 	}
 	return LSN(v), nil
-}
-
-// Field is the buffer field of a counter's key.
-func Field(counter, key string) string { return counter + ":" + key }
-
-// SplitField splits a buffer field into counter and key. Counter names
-// cannot contain ':', keys may.
-func SplitField(f string) (counter, key string, ok bool) {
-	return strings.Cut(f, ":")
-}
-
-// Delta is one coalesced change of a counter key.
-type Delta struct {
-	Field string
-	N     int64
 }
 
 // applyScript adds a batch of deltas and moves meta.lsn from prev to last,
@@ -145,20 +132,21 @@ type Meta struct {
 	From, Upto LSN
 }
 
-// Buffer is walcount's Redis state for one slot. It is safe for
+// Redis is walcount's buffer for one slot, kept in Redis. It is safe for
 // concurrent use; the protocol itself assumes one walcount per slot.
-type Buffer struct {
+type Redis struct {
 	rdb  redis.UniversalClient
 	keys Keys
 }
 
-// New returns the Buffer of slot on rdb.
-func New(rdb redis.UniversalClient, slot string) *Buffer {
-	return &Buffer{rdb: rdb, keys: KeysFor(slot)}
+// New returns the buffer of slot on rdb: a single node, a Cluster or a
+// Sentinel-watched primary, through go-redis's UniversalClient.
+func New(rdb redis.UniversalClient, slot string) *Redis {
+	return &Redis{rdb: rdb, keys: KeysFor(slot)}
 }
 
 // Keys returns the buffer's keys.
-func (b *Buffer) Keys() Keys { return b.keys }
+func (b *Redis) Keys() Keys { return b.keys }
 
 // chainErr turns a script's WALCOUNT_CHAIN reply into ErrChainBroken.
 func chainErr(op string, err error) error {
@@ -177,7 +165,7 @@ func chainErr(op string, err error) error {
 
 // Apply adds deltas for the transactions in (prev, last] and moves
 // meta.lsn to last. It reports false when the batch was already applied.
-func (b *Buffer) Apply(ctx context.Context, prev, last LSN, deltas []Delta) (bool, error) {
+func (b *Redis) Apply(ctx context.Context, prev, last LSN, deltas []counter.Delta) (bool, error) {
 	args := make([]any, 0, 2+2*len(deltas))
 	args = append(args, FormatLSN(prev), FormatLSN(last))
 	for _, d := range deltas {
@@ -194,7 +182,7 @@ func (b *Buffer) Apply(ctx context.Context, prev, last LSN, deltas []Delta) (boo
 
 // HandOver starts or resumes a flush from w. It returns the range of the
 // flush, or ok == false when nothing lies past w.
-func (b *Buffer) HandOver(ctx context.Context, w LSN) (from, upto LSN, ok bool, err error) {
+func (b *Redis) HandOver(ctx context.Context, w LSN) (from, upto LSN, ok bool, err error) {
 	res, err := handOverScript.Run(ctx, b.rdb, b.keys.All(), FormatLSN(w)).StringSlice()
 	if err != nil {
 		return 0, 0, false, chainErr("hand over redis buffer", err)
@@ -212,7 +200,7 @@ func (b *Buffer) HandOver(ctx context.Context, w LSN) (from, upto LSN, ok bool, 
 }
 
 // Flushing reads the deltas being flushed.
-func (b *Buffer) Flushing(ctx context.Context) (map[string]string, error) {
+func (b *Redis) Flushing(ctx context.Context) (map[string]string, error) {
 	m, err := b.rdb.HGetAll(ctx, b.keys.Flushing).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read flushing deltas: %w", err)
@@ -221,20 +209,20 @@ func (b *Buffer) Flushing(ctx context.Context) (map[string]string, error) {
 }
 
 // Done ends the flush of (from, upto] after its PostgreSQL commit.
-func (b *Buffer) Done(ctx context.Context, from, upto LSN) error {
+func (b *Redis) Done(ctx context.Context, from, upto LSN) error {
 	_, err := doneScript.Run(ctx, b.rdb, []string{b.keys.Flushing, b.keys.Meta}, FormatLSN(from), FormatLSN(upto)).Int()
 	return chainErr("finish redis flush", err)
 }
 
 // Advance moves an empty chain from w to next (after a TRUNCATE barrier
 // was committed in PostgreSQL).
-func (b *Buffer) Advance(ctx context.Context, w, next LSN) error {
+func (b *Redis) Advance(ctx context.Context, w, next LSN) error {
 	_, err := advanceScript.Run(ctx, b.rdb, []string{b.keys.Buffer, b.keys.Meta}, FormatLSN(w), FormatLSN(next)).Int()
 	return chainErr("advance redis chain", err)
 }
 
 // Meta reads the meta hash.
-func (b *Buffer) Meta(ctx context.Context) (Meta, error) {
+func (b *Redis) Meta(ctx context.Context) (Meta, error) {
 	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto").Result()
 	if err != nil {
 		return Meta{}, fmt.Errorf("read redis meta: %w", err)
@@ -266,7 +254,7 @@ func (b *Buffer) Meta(ctx context.Context) (Meta, error) {
 }
 
 // Reset wipes the slot's keys and starts an empty chain at w.
-func (b *Buffer) Reset(ctx context.Context, w LSN) error {
+func (b *Redis) Reset(ctx context.Context, w LSN) error {
 	_, err := b.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, b.keys.All()...)
 		p.HSet(ctx, b.keys.Meta, "lsn", FormatLSN(w), "base", FormatLSN(w))
@@ -279,7 +267,7 @@ func (b *Buffer) Reset(ctx context.Context, w LSN) error {
 }
 
 // Len returns the number of buffered keys (buffer and flushing).
-func (b *Buffer) Len(ctx context.Context) (int64, error) {
+func (b *Redis) Len(ctx context.Context) (int64, error) {
 	var a, f *redis.IntCmd
 	_, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		a = p.HLen(ctx, b.keys.Buffer)
@@ -293,7 +281,7 @@ func (b *Buffer) Len(ctx context.Context) (int64, error) {
 }
 
 // Drop deletes the slot's keys (teardown).
-func (b *Buffer) Drop(ctx context.Context) error {
+func (b *Redis) Drop(ctx context.Context) error {
 	if err := b.rdb.Del(ctx, b.keys.All()...).Err(); err != nil {
 		return fmt.Errorf("delete redis keys: %w", err)
 	}

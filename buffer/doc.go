@@ -1,4 +1,4 @@
-// Package redisbuf is walcount's Redis protocol: the key names and the Lua
+// Package buffer is walcount's Redis protocol: the key names and the Lua
 // scripts through which the aggregator adds deltas to the buffer and the
 // sink hands the buffer over for flushing (DESIGN §2 rules 5–7).
 //
@@ -18,4 +18,4 @@
 //
 // LSNs are stored as 16 hex digits so that Lua compares them as strings:
 // Lua numbers are doubles and cannot hold every 64-bit LSN.
-package redisbuf
+package buffer
