@@ -69,6 +69,8 @@ type Options struct {
 	MaxPendingAge time.Duration
 	Metrics       *metrics.Metrics
 	Logger        *zap.Logger
+	// Failpoints are armed by crash tests; nil in production.
+	Failpoints *failpoint.Set
 }
 
 // Aggregator consumes the cdc stream. It is used by one goroutine.
@@ -203,7 +205,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		if err := a.change(ev); err != nil {
 			return err
 		}
-		return failpoint.Inject(failpoint.MidTransaction)
+		return a.opt.Failpoints.Inject(failpoint.MidTransaction)
 	case cdc.KindTruncate:
 		if a.skip {
 			return nil
@@ -346,5 +348,5 @@ func (a *Aggregator) writePending(ctx context.Context) error {
 	a.prev = a.pendingLast
 	a.pending.reset()
 	a.pendingTxns = 0
-	return failpoint.Inject(failpoint.AfterApply)
+	return a.opt.Failpoints.Inject(failpoint.AfterApply)
 }

@@ -32,6 +32,7 @@ func connect(t *testing.T, schema string) *pgx.Conn {
 // TestTargetKeyTypes applies deltas through the generated statement to
 // targets keyed by each supported key type.
 func TestTargetKeyTypes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		keyType string
 		keys    []string
@@ -45,6 +46,7 @@ func TestTargetKeyTypes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.keyType, func(t *testing.T) {
+			t.Parallel()
 			conn := connect(t, `CREATE TABLE posts (id `+tc.keyType+` PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
 CREATE TABLE likes (post_id `+tc.keyType+`)`)
 			ctx := context.Background()
@@ -98,6 +100,7 @@ func missingKey(keyType string) string {
 // TestTargetNumericSum checks that buffered units of 10^-scale are divided
 // back exactly, and that columns that would round are refused.
 func TestTargetNumericSum(t *testing.T) {
+	t.Parallel()
 	const schema = `
 CREATE DOMAIN money2 AS numeric(12,2);
 CREATE DOMAIN points AS integer;
@@ -185,6 +188,7 @@ func fmtErr(err error) string {
 }
 
 func TestDeltaExpr(t *testing.T) {
+	t.Parallel()
 	for scale, want := range map[int]string{0: "d.delta", 1: "d.delta * 0.1", 2: "d.delta * 0.01", 9: "d.delta * 0.000000001"} {
 		if got := deltaExpr(scale); got != want {
 			t.Errorf("deltaExpr(%d) = %q, want %q", scale, got, want)

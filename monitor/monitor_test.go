@@ -29,6 +29,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 const mib = 1 << 20
 
 func TestReadSlotLagGrowsAndShrinks(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t)
 	pool := connect(t, testenv.Database(t))
 	slot := createSlot(t, pool)
@@ -80,6 +81,7 @@ func TestReadSlotLagGrowsAndShrinks(t *testing.T) {
 }
 
 func TestReadSlotMissing(t *testing.T) {
+	t.Parallel()
 	pool := connect(t, testenv.Database(t))
 	s := readSlot(t, pool, "walcount_no_such_slot")
 	if s.Exists || s.CurrentLSN == 0 || s.Invalidated {
@@ -94,6 +96,7 @@ func TestReadSlotMissing(t *testing.T) {
 // logical_decoding_work_mem, which the server spills to disk, and checks that
 // the spill statistics of pg_stat_replication_slots come through.
 func TestReadSlotSpillStats(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t)
 	pool := connect(t, testenv.Database(t))
 	for _, q := range []string{
@@ -140,6 +143,7 @@ func TestReadSlotSpillStats(t *testing.T) {
 // walcount would: the slot is active, its lag grows past the maximum and
 // LagOK says so.
 func TestMonitorActiveSlotAndLag(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t)
 	dbURL := testenv.Database(t)
 	pool := connect(t, dbURL)
@@ -210,6 +214,7 @@ func TestMonitorActiveSlotAndLag(t *testing.T) {
 // max_slot_wal_keep_size at 1MB, one WAL segment switch and a CHECKPOINT
 // invalidate an idle slot. Run must then return a *SlotLostError.
 func TestMonitorStopsOnLostSlot(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t)
 	began := time.Now()
 	pg := testenv.Postgres(t)

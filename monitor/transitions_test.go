@@ -45,6 +45,7 @@ func feed(m *Monitor, s SlotStatus) {
 }
 
 func TestUnreservedIsLoggedOncePerChange(t *testing.T) {
+	t.Parallel()
 	mon, mt, logs := newTestMonitor(0)
 	for _, s := range []string{WALReserved, WALReserved, WALUnreserved, WALUnreserved, WALUnreserved, WALExtended, WALUnreserved} {
 		feed(mon, reading(s, 0))
@@ -74,6 +75,7 @@ func TestUnreservedIsLoggedOncePerChange(t *testing.T) {
 }
 
 func TestHealthyFirstReadingLogsNothing(t *testing.T) {
+	t.Parallel()
 	mon, _, logs := newTestMonitor(1 << 30)
 	feed(mon, reading(WALReserved, 100))
 	feed(mon, reading(WALReserved, 200))
@@ -83,6 +85,7 @@ func TestHealthyFirstReadingLogsNothing(t *testing.T) {
 }
 
 func TestLagWarningIsRateLimited(t *testing.T) {
+	t.Parallel()
 	mon, mt, logs := newTestMonitor(1000)
 	for _, lag := range []int64{10, 2000, 3000, 4000, 10, 5000} {
 		feed(mon, reading(WALReserved, lag))
@@ -110,6 +113,7 @@ func TestLagWarningIsRateLimited(t *testing.T) {
 }
 
 func TestMissingSlot(t *testing.T) {
+	t.Parallel()
 	mon, mt, logs := newTestMonitor(1000)
 	feed(mon, reading(WALReserved, 10))
 	mt.SlotActive.Set(1)
@@ -128,6 +132,7 @@ func TestMissingSlot(t *testing.T) {
 }
 
 func TestInvalidatedWithNullWALStatusExportsLost(t *testing.T) {
+	t.Parallel()
 	mon, mt, _ := newTestMonitor(0)
 	s := reading("", 0)
 	s.SafeWALSizeBytes, s.Invalidated = nil, true
@@ -145,6 +150,7 @@ func TestInvalidatedWithNullWALStatusExportsLost(t *testing.T) {
 }
 
 func TestLagOKBeforeAndAfterReads(t *testing.T) {
+	t.Parallel()
 	mon, _, _ := newTestMonitor(1000)
 	if err := mon.LagOK(); !errors.Is(err, ErrNotRead) {
 		t.Errorf("LagOK before any read = %v, want ErrNotRead", err)
@@ -167,6 +173,7 @@ func TestLagOKBeforeAndAfterReads(t *testing.T) {
 }
 
 func TestSlotLostErrorMessage(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		err  SlotLostError
 		want string

@@ -63,6 +63,8 @@ type Options struct {
 	ChunkSize int
 	Metrics   *metrics.Metrics
 	Logger    *zap.Logger
+	// Failpoints are armed by crash tests; nil in production.
+	Failpoints *failpoint.Set
 }
 
 // Flusher applies the Redis buffer to PostgreSQL. Its methods are safe for
@@ -173,13 +175,13 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 		f.opt.Metrics.FlushErrors.Inc()
 		return false, err
 	}
-	if err := failpoint.Inject(failpoint.AfterCommit); err != nil {
+	if err := f.opt.Failpoints.Inject(failpoint.AfterCommit); err != nil {
 		return false, err
 	}
 	if err := f.opt.Buffer.Done(ctx, from, upto); err != nil {
 		return false, err
 	}
-	if err := failpoint.Inject(failpoint.BeforeAck); err != nil {
+	if err := f.opt.Failpoints.Inject(failpoint.BeforeAck); err != nil {
 		return false, err
 	}
 	f.committed(upto)
@@ -336,7 +338,7 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*coun
 			f.opt.Metrics.DeltasDropped.WithLabelValues(b.t.Counter.Name).Add(float64(dropped))
 		}
 	}
-	if err := failpoint.Inject(failpoint.BeforeCommit); err != nil {
+	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {

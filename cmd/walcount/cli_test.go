@@ -101,6 +101,7 @@ func (c *cli) count(sql string, args ...any) int {
 }
 
 func TestRunRefusesConfigErrors(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t, testenv.Database(t), goodSchema)
 	tests := []struct {
 		name string
@@ -141,7 +142,9 @@ func TestRunRefusesConfigErrors(t *testing.T) {
 }
 
 func TestRunRefusesDatabaseProblems(t *testing.T) {
+	t.Parallel()
 	t.Run("surrogate key and default identity", func(t *testing.T) {
+		t.Parallel()
 		c := newCLI(t, testenv.Database(t), `
 CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
 CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
@@ -160,12 +163,14 @@ CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
 		}
 	})
 	t.Run("not set up", func(t *testing.T) {
+		t.Parallel()
 		c := newCLI(t, testenv.Database(t), goodSchema)
 		if code, _ := c.run("run"); code != exitFailure {
 			t.Fatalf("run: exit %d, want %d", code, exitFailure)
 		}
 	})
 	t.Run("config names a column that does not exist", func(t *testing.T) {
+		t.Parallel()
 		c := newCLI(t, testenv.Database(t), goodSchema)
 		path := c.writeConfig("counters:\n  - {name: a, source: likes, key: post_idd, target: posts, target_key: id, column: likes_count}\n")
 		code, out := c.run("check", "--config", path)
@@ -179,6 +184,7 @@ CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
 		}
 	})
 	t.Run("wal_level replica", func(t *testing.T) {
+		t.Parallel()
 		pg := testenv.Postgres(t, servers.PostgresOptions{Settings: map[string]string{"wal_level": "replica"}})
 		c := newCLI(t, pg.URL(), goodSchema)
 		code, out := c.run("setup")
@@ -196,6 +202,7 @@ CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
 }
 
 func TestCheckExitCodes(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t, testenv.Database(t), goodSchema+"\nALTER TABLE likes ADD COLUMN deleted_at timestamptz, ADD COLUMN weight numeric(12,2);\n"+
 		"ALTER TABLE posts ADD COLUMN live_count bigint NOT NULL DEFAULT 0, ADD COLUMN weight numeric(14,2) NOT NULL DEFAULT 0;")
 	path := c.writeConfig(`
@@ -245,6 +252,7 @@ counters:
 }
 
 func TestTeardownNeedsYes(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t, testenv.Database(t), goodSchema)
 	if code, _ := c.run("setup"); code != exitOK {
 		t.Fatalf("setup: exit %d", code)

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 )
 
 func TestReconcileCommandNoDaemon(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	err := runReconcile(context.Background(), &out, "http://127.0.0.1:1", reconcile.Request{})
 	if err == nil || !strings.Contains(err.Error(), "walcount run") {
@@ -26,6 +29,7 @@ func TestReconcileCommandNoDaemon(t *testing.T) {
 }
 
 func TestReconcileCommand(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.Database(t)
 	conn, err := pgx.Connect(ctx, dbURL)
@@ -42,6 +46,8 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;`); err != nil {
 	}
 	cfg := config.Default()
 	cfg.DatabaseURL, cfg.RedisURL = dbURL, testenv.RedisURL(t)
+	// Slots are cluster-wide and the cluster is shared: a slot of its own.
+	cfg.Slot = fmt.Sprintf("reconcile_cmd_%d", os.Getpid())
 	cfg.FlushInterval = 100 * time.Millisecond
 	if _, err := setup.Run(ctx, conn, setup.Options{Slot: cfg.Slot, Publication: cfg.Publication, Counters: cfg.Counters}); err != nil {
 		t.Fatal(err)

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,15 +22,8 @@ import (
 // TestRunStopsCleanlyOnSIGTERM runs the real binary: after SIGTERM it
 // flushes, confirms W to the slot and exits 0.
 func TestRunStopsCleanlyOnSIGTERM(t *testing.T) {
-	dir, err := os.MkdirTemp("", "walcount-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "walcount")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	t.Parallel()
+	bin := walcountBinary(t)
 	ctx := context.Background()
 	dbURL, redisURL := testenv.Database(t), testenv.RedisURL(t)
 	conn, err := pgx.Connect(ctx, dbURL)
@@ -46,7 +39,9 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
 		t.Fatal(err)
 	}
 	env := append(os.Environ(), "WALCOUNT_DATABASE_URL="+dbURL, "WALCOUNT_REDIS_URL="+redisURL)
-	setupCmd := exec.Command(bin, "setup")
+	// Slots are cluster-wide and the cluster is shared: a slot of its own.
+	slot := fmt.Sprintf("signal_%d", os.Getpid())
+	setupCmd := exec.Command(bin, "setup", "--slot", slot)
 	setupCmd.Env = env
 	if out, err := setupCmd.CombinedOutput(); err != nil {
 		t.Fatalf("setup: %v\n%s", err, out)
@@ -58,7 +53,7 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	run := exec.Command(bin, "run", "--http-addr", addr, "--flush-interval", "200ms")
+	run := exec.Command(bin, "run", "--slot", slot, "--http-addr", addr, "--flush-interval", "200ms")
 	run.Env = env
 	run.Stderr = &logs
 	if err := run.Start(); err != nil {
@@ -124,7 +119,7 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
 	var behind bool
 	var confirmed, w string
 	if err := conn.QueryRow(ctx, `SELECT s.confirmed_flush_lsn < c.lsn, s.confirmed_flush_lsn::text, c.lsn::text FROM pg_replication_slots s, walcount.checkpoint c
-WHERE s.slot_name = 'walcount' AND c.slot_name = 'walcount'`).Scan(&behind, &confirmed, &w); err != nil {
+WHERE s.slot_name = $1 AND c.slot_name = $1`, slot).Scan(&behind, &confirmed, &w); err != nil {
 		t.Fatal(err)
 	}
 	if behind {

@@ -138,6 +138,7 @@ func statusParsed(t *testing.T, cfg config.Config) statusJSON {
 // say so in words. The database URL carries a password, which must not be
 // printed.
 func TestStatusInactiveLaggingSlot(t *testing.T) {
+	t.Parallel()
 	const secret = "s3cr3t-pw"
 	c := newCluster(t, nil)
 	c.exec(t, "CREATE ROLE walcount_pw LOGIN REPLICATION SUPERUSER PASSWORD '"+secret+"'")
@@ -197,6 +198,7 @@ func TestStatusInactiveLaggingSlot(t *testing.T) {
 // added, and nothing is flagged. Once the daemon stops, status says that no
 // daemon answers.
 func TestStatusWithDaemon(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, nil)
 	d, err := daemon.New(daemon.Options{Config: c.cfg, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond})
 	if err != nil {
@@ -269,6 +271,7 @@ func TestStatusWithDaemon(t *testing.T) {
 // without them the daemon stops at once; either way the error says what to
 // do, and walcount status says the slot is lost.
 func TestRunStopsOnLostSlot(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, map[string]string{"max_slot_wal_keep_size": "1MB"})
 	conn := c.connect(t)
 	ctx := context.Background()

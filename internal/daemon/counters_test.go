@@ -263,6 +263,7 @@ func severalOp(ctx context.Context, w *workload, rng *rand.Rand) error {
 // deletes, a TRUNCATE of one source and a TRUNCATE of both in one
 // statement.
 func TestSeveralCounters(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, severalSchema, func(e *env) { e.cfg = e.loadConfig(severalConfig) })
 	if len(e.cfg.Counters) != 4 {
 		t.Fatalf("loaded %d counters, want 4", len(e.cfg.Counters))
@@ -321,6 +322,7 @@ func TestSeveralCounters(t *testing.T) {
 // TestKeyTypes counts likes into posts keyed by each key type walcount
 // supports (bigint is what the other tests use).
 func TestKeyTypes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		keyType string
 		keys    string // SQL that returns the posts' keys
@@ -334,6 +336,7 @@ func TestKeyTypes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.keyType, func(t *testing.T) {
+			t.Parallel()
 			ddl := fmt.Sprintf(`
 CREATE TABLE posts (id %[1]s PRIMARY KEY, likes_count integer NOT NULL DEFAULT 0);
 CREATE TABLE likes (id bigserial PRIMARY KEY, post_id %[1]s);
@@ -468,6 +471,7 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;
 // TOASTed columns (status = 'live', note IS NULL) must take the old value
 // and never read 'u' as NULL.
 func TestUnchangedToastFull(t *testing.T) {
+	t.Parallel()
 	ddl := toastPosts + bigText + `
 CREATE TABLE likes (id bigint PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0,
   status text NOT NULL, note text);
@@ -515,6 +519,7 @@ VALUES ($1::bigint, $2, CASE WHEN $1::bigint % 3 = 0 THEN big(2000) ELSE 'live' 
 // UPDATEs that leave the key alone (it must, since the new row's copy is
 // left out as 'u'), so the filter on status always has a value.
 func TestUnchangedToastIdentityIndex(t *testing.T) {
+	t.Parallel()
 	ddl := toastPosts + bigText + `
 CREATE TABLE likes (id bigint NOT NULL, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0,
   status text NOT NULL, note text);
@@ -564,6 +569,7 @@ HAVING p.likes_count <> count(l.id) OR p.live_count <> count(l.id) FILTER (WHERE
 // positions of the counted ones, a column added inside a transaction that
 // also changes rows, and a table rewrite.
 func TestAlterTableMidStream(t *testing.T) {
+	t.Parallel()
 	ddl := `
 CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, likes_weight numeric(14,2) NOT NULL DEFAULT 0);
 CREATE TABLE likes (id bigserial PRIMARY KEY, junk text DEFAULT 'junk', post_id bigint NOT NULL, weight numeric(12,2));
@@ -644,6 +650,7 @@ GROUP BY p.id HAVING p.likes_count <> count(l.id) OR p.likes_weight <> coalesce(
 // daemon stops with an error naming the counter rather than count it
 // wrongly; nothing of that transaction reaches the counters.
 func TestDroppedCountedColumnStops(t *testing.T) {
+	t.Parallel()
 	ddl := `
 CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, likes_weight numeric(14,2) NOT NULL DEFAULT 0);
 CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, weight numeric(12,2));

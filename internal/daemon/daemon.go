@@ -55,6 +55,8 @@ type Options struct {
 	RetryMin, RetryMax time.Duration
 	Metrics            *metrics.Metrics
 	Logger             *zap.Logger
+	// Failpoints are armed by crash tests; nil in production.
+	Failpoints *failpoint.Set
 
 	// replayFromSlot starts streaming at the slot's confirmed position
 	// instead of W, so that tests see the server resend what is applied.

@@ -16,6 +16,7 @@ import (
 const catchUp = 60 * time.Second
 
 func TestRandomWorkloadEndsExact(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.start()
 	w := newWorkload(e.db)
@@ -59,6 +60,7 @@ func (e *env) rdb() *redis.Client {
 // checks that a restarted daemon ends exact: nothing lost, nothing
 // applied twice.
 func TestCrashPoints(t *testing.T) {
+	t.Parallel()
 	points := []struct {
 		name string
 		nth  int
@@ -71,10 +73,12 @@ func TestCrashPoints(t *testing.T) {
 	}
 	for _, p := range points {
 		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t)
-			disarm := failpoint.CrashAfter(p.name, p.nth)
+			fp := &failpoint.Set{}
+			disarm := fp.CrashAfter(p.name, p.nth)
 			defer disarm()
-			d := e.start()
+			d := e.start(func(o *Options) { o.Failpoints = fp })
 			w := newWorkload(e.db)
 			ctx, cancel := context.WithCancel(context.Background())
 			loadDone := make(chan struct{})
@@ -121,6 +125,7 @@ func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env)) {
 }
 
 func TestRedisFlushAllMidStream(t *testing.T) {
+	t.Parallel()
 	underDisruption(t, 4, 400, func(e *env) {
 		rdb := e.rdb()
 		for i := 0; i < 3; i++ {
@@ -133,6 +138,7 @@ func TestRedisFlushAllMidStream(t *testing.T) {
 }
 
 func TestRedisKilledAndRestarted(t *testing.T) {
+	t.Parallel()
 	underDisruption(t, 4, 400, func(e *env) {
 		time.Sleep(400 * time.Millisecond)
 		if err := e.redis.Kill(); err != nil {
@@ -146,6 +152,7 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 }
 
 func TestPostgresCrashAndRestart(t *testing.T) {
+	t.Parallel()
 	underDisruption(t, 4, 600, func(e *env) {
 		time.Sleep(500 * time.Millisecond)
 		ctx := context.Background()
@@ -164,12 +171,14 @@ func TestPostgresCrashAndRestart(t *testing.T) {
 // resends transactions that are already counted, and they must be
 // skipped (DESIGN §2 rule 4).
 func TestRewoundSlotReplays(t *testing.T) {
+	t.Parallel()
 	for _, wipeRedis := range []bool{false, true} {
 		name := "redis kept"
 		if wipeRedis {
 			name = "redis wiped"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t)
 			ctx := context.Background()
 			if _, err := e.db.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, 'old_copy')", e.cfg.Slot); err != nil {
@@ -217,6 +226,7 @@ func TestRewoundSlotReplays(t *testing.T) {
 // TestIdleSlotAdvances writes heavily to a table walcount does not follow
 // while likes is idle: heartbeats must keep the slot's lag bounded.
 func TestIdleSlotAdvances(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.start()
 	ctx := context.Background()
@@ -249,6 +259,7 @@ func TestIdleSlotAdvances(t *testing.T) {
 }
 
 func TestTwoDaemonsOneSlot(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
 	a := e.start()
@@ -272,6 +283,7 @@ func TestTwoDaemonsOneSlot(t *testing.T) {
 }
 
 func TestTruncate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.start()
 	ctx := context.Background()
@@ -309,6 +321,7 @@ func TestTruncate(t *testing.T) {
 // and reports how fast it drains. It asserts exactness, not speed: the
 // speed belongs to make bench.
 func TestDrainBacklog(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
 	for i := 0; i < 100; i++ {
@@ -344,6 +357,7 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 // to confirm all WAL sent, so walcount must confirm past W when nothing
 // is in flight, or the shutdown never ends.
 func TestPostgresFastShutdownWithDaemonConnected(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.start()
 	ctx := context.Background()

@@ -284,6 +284,7 @@ func checkContract(t testing.TB, s scraped) {
 // TestMetricsOverHTTP scrapes a running daemon's /metrics under a workload:
 // every contract name is there, and the values agree with what happened.
 func TestMetricsOverHTTP(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	e := newEnv(t)
 	s := e.serve()
@@ -417,6 +418,7 @@ func TestMetricsOverHTTP(t *testing.T) {
 // daemon was stopped, /readyz fails on it and a warning is logged. Once the
 // lock goes, the lag falls and /readyz passes again.
 func TestSlotLagRisesWhileStoppedAndFalls(t *testing.T) {
+	t.Parallel()
 	const maxLag = 1 << 20
 	e := newEnv(t)
 	e.cfg.SlotSettings.MaxLagBytes = maxLag
@@ -543,6 +545,7 @@ func currentLSN(t testing.TB, e *env) cdc.LSN {
 // restart, each outage is logged once at error level (later failures of the
 // streak at debug) and ends with exactly one "recovered" line.
 func TestReadyzFlipsAndFailureLogs(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	s := e.serve()
 	s.waitReadyz(t, http.StatusOK, "the daemon to be ready", nil)
@@ -615,6 +618,7 @@ func TestReadyzFlipsAndFailureLogs(t *testing.T) {
 // again: Run must return an error that wraps monitor.ErrSlotLost and tells
 // the operator what to do (DESIGN §2 rule 12).
 func TestLostSlotStopsDaemon(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
 	first := e.start()
@@ -695,6 +699,7 @@ func loseSlot(t testing.TB, e *env) {
 // through a PostgreSQL outage, and checks that neither password appears in
 // /status, /readyz, /metrics, the logs or a configuration error.
 func TestNoSecretsInOutputs(t *testing.T) {
+	t.Parallel()
 	const (
 		pgSecret    = "s3cr3t-pw"
 		redisSecret = "r3d1s-s3cr3t"

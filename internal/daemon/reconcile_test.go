@@ -57,6 +57,7 @@ func (e *env) count(t testing.TB, post int64) (cached, truth int64) {
 // into the hot key while a workload keeps writing, and checks that
 // exactly the drifted keys are corrected.
 func TestReconcileCorrectsExactlyTheDrift(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.start()
 	ctx := context.Background()
@@ -100,6 +101,7 @@ func TestReconcileCorrectsExactlyTheDrift(t *testing.T) {
 }
 
 func TestReconcileDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.start()
 	ctx := context.Background()
@@ -136,6 +138,7 @@ func TestReconcileDryRunChangesNothing(t *testing.T) {
 // TestReconcileResumesAfterRestart stops the daemon in the middle of a
 // run; the next daemon finishes it from where it stopped.
 func TestReconcileResumesAfterRestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
 	if _, err := e.db.Exec(ctx, `INSERT INTO posts (id) SELECT g FROM generate_series(51, 3000) g`); err != nil {
@@ -177,6 +180,7 @@ func TestReconcileResumesAfterRestart(t *testing.T) {
 // TestBackfillWhileWriting adds walcount to a table that already has
 // rows; the automatic backfill makes the counts exact while writes go on.
 func TestBackfillWhileWriting(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
 	// Rows written before walcount followed the table: a new slot starts

@@ -27,13 +27,14 @@ func (d *Daemon) session(ctx context.Context) error {
 		return err
 	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
-		Pool:     d.pool,
-		Buffer:   d.buf,
-		Slot:     d.cfg.Slot,
-		Counters: d.cfg.Counters,
-		Lag:      d.lag,
-		Metrics:  d.m,
-		Logger:   d.log,
+		Pool:       d.pool,
+		Buffer:     d.buf,
+		Slot:       d.cfg.Slot,
+		Counters:   d.cfg.Counters,
+		Lag:        d.lag,
+		Metrics:    d.m,
+		Logger:     d.log,
+		Failpoints: d.opt.Failpoints,
 	})
 	if err != nil {
 		return err
@@ -100,15 +101,16 @@ func (d *Daemon) session(ctx context.Context) error {
 	}()
 
 	agg := aggregator.New(aggregator.Options{
-		Counters: d.cfg.Counters,
-		Buffer:   d.buf,
-		Barrier:  flusher,
-		Start:    start,
-		Commits:  d.lag,
-		Messages: d.rec.Recorder().HandleMessage,
-		Observe:  d.rec.Recorder().Observe,
-		Metrics:  d.m,
-		Logger:   d.log,
+		Counters:   d.cfg.Counters,
+		Buffer:     d.buf,
+		Barrier:    flusher,
+		Start:      start,
+		Commits:    d.lag,
+		Messages:   d.rec.Recorder().HandleMessage,
+		Observe:    d.rec.Recorder().Observe,
+		Metrics:    d.m,
+		Logger:     d.log,
+		Failpoints: d.opt.Failpoints,
 	})
 
 	// The stream stops when ctx does; the workers keep going until they

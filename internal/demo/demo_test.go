@@ -17,6 +17,7 @@ import (
 // TestRun runs the whole demo on throwaway servers for a few seconds and
 // requires the exact verdict.
 func TestRun(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -59,6 +60,7 @@ func TestRun(t *testing.T) {
 // (the second run finds nothing of the first), and checks that it leaves
 // no slot, publication, schema, checkpoint row or Redis key behind.
 func TestRunOnGivenServers(t *testing.T) {
+	t.Parallel()
 	pg, rs := testenv.Postgres(t), testenv.Redis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

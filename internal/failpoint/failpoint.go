@@ -1,6 +1,7 @@
 // Package failpoint lets tests stop walcount at the exact places where a
-// crash matters for exactly-once delivery (DESIGN §4). In production no
-// failpoint is armed and Inject costs one atomic load.
+// crash matters for exactly-once delivery (DESIGN §4). A Set belongs to one
+// daemon, so crash tests run side by side; in production the Set is nil
+// and Inject costs a nil check.
 package failpoint
 
 import (
@@ -29,36 +30,42 @@ const (
 // stop at once, as a killed process would: no final flush, no ack.
 var ErrCrash = errors.New("failpoint: simulated crash")
 
-var (
+// Set holds the armed failpoints of one daemon. The zero value has none
+// armed; a nil *Set is valid and never fires. It is safe for concurrent
+// use.
+type Set struct {
 	armed atomic.Int32
 	mu    sync.Mutex
-	hooks = map[string]func() error{}
-)
+	hooks map[string]func() error
+}
 
 // Arm makes Inject(name) return what fn returns. Disarm with the returned
 // func.
-func Arm(name string, fn func() error) (disarm func()) {
-	mu.Lock()
-	defer mu.Unlock()
-	if _, ok := hooks[name]; !ok {
-		armed.Add(1)
+func (s *Set) Arm(name string, fn func() error) (disarm func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hooks == nil {
+		s.hooks = map[string]func() error{}
 	}
-	hooks[name] = fn
+	if _, ok := s.hooks[name]; !ok {
+		s.armed.Add(1)
+	}
+	s.hooks[name] = fn
 	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if _, ok := hooks[name]; ok {
-			delete(hooks, name)
-			armed.Add(-1)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if _, ok := s.hooks[name]; ok {
+			delete(s.hooks, name)
+			s.armed.Add(-1)
 		}
 	}
 }
 
 // CrashAfter arms name to return ErrCrash on its n-th call (1-based) and
 // nil before. It is the usual way tests use failpoints.
-func CrashAfter(name string, n int) (disarm func()) {
+func (s *Set) CrashAfter(name string, n int) (disarm func()) {
 	var calls atomic.Int64
-	return Arm(name, func() error {
+	return s.Arm(name, func() error {
 		if calls.Add(1) == int64(n) {
 			return fmt.Errorf("%w at %s", ErrCrash, name)
 		}
@@ -67,13 +74,13 @@ func CrashAfter(name string, n int) (disarm func()) {
 }
 
 // Inject returns the armed hook's error for name, or nil.
-func Inject(name string) error {
-	if armed.Load() == 0 {
+func (s *Set) Inject(name string) error {
+	if s == nil || s.armed.Load() == 0 {
 		return nil
 	}
-	mu.Lock()
-	fn := hooks[name]
-	mu.Unlock()
+	s.mu.Lock()
+	fn := s.hooks[name]
+	s.mu.Unlock()
 	if fn == nil {
 		return nil
 	}

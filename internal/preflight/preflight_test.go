@@ -152,6 +152,7 @@ func none(t *testing.T, findings []preflight.Finding, check string, sev prefligh
 }
 
 func TestAllGreen(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, goodSchema)
 	f.setUp(t)
 	findings := run(t, f.cfg)
@@ -189,6 +190,7 @@ func TestAllGreen(t *testing.T) {
 // TestServerSettings runs against a private cluster that cannot do logical
 // replication at all.
 func TestServerSettings(t *testing.T) {
+	t.Parallel()
 	pg := testenv.Postgres(t, servers.PostgresOptions{Settings: map[string]string{
 		"wal_level":              "replica",
 		"max_replication_slots":  "1",
@@ -221,6 +223,7 @@ func TestServerSettings(t *testing.T) {
 }
 
 func TestReplicaIdentity(t *testing.T) {
+	t.Parallel()
 	const posts = "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);\n"
 	tests := []struct {
 		name   string
@@ -274,6 +277,7 @@ ALTER TABLE likes_b ADD PRIMARY KEY (id);`,
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			f := newFixture(t, posts+tt.schema)
 			f.cfg.Counters[0].Where = tt.where
 			f.cfg.Counters[0].Sum = tt.sum
@@ -293,6 +297,7 @@ ALTER TABLE likes_b ADD PRIMARY KEY (id);`,
 }
 
 func TestRole(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, goodSchema)
 	f.setUp(t)
 	role := fmt.Sprintf("preflight_app_%d_%d", os.Getpid(), slotSeq.Add(1))
@@ -344,6 +349,7 @@ func TestRole(t *testing.T) {
 }
 
 func TestPublication(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, ddl    string // ddl "" means no publication
 		problem, fix string
@@ -366,6 +372,7 @@ func TestPublication(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			f := newFixture(t, goodSchema)
 			if tt.ddl != "" {
 				f.exec(t, tt.ddl)
@@ -382,7 +389,9 @@ func TestPublication(t *testing.T) {
 }
 
 func TestSlot(t *testing.T) {
+	t.Parallel()
 	t.Run("missing", func(t *testing.T) {
+		t.Parallel()
 		f := newFixture(t, goodSchema)
 		findings := run(t, f.cfg)
 		p := want(t, findings, preflight.CheckSlot, preflight.Problem, "replication slot "+f.cfg.Slot+" does not exist")
@@ -390,6 +399,7 @@ func TestSlot(t *testing.T) {
 		want(t, findings, preflight.CheckReplicationSlots, preflight.OK, "free")
 	})
 	t.Run("wrong plugin", func(t *testing.T) {
+		t.Parallel()
 		f := newFixture(t, goodSchema)
 		f.createSlot(t, "test_decoding")
 		findings := run(t, f.cfg)
@@ -397,6 +407,7 @@ func TestSlot(t *testing.T) {
 		wantFix(t, p, "walcount setup --recreate-slot; then walcount reconcile")
 	})
 	t.Run("other database", func(t *testing.T) {
+		t.Parallel()
 		other := newFixture(t, "")
 		other.createSlot(t, "pgoutput")
 		f := newFixture(t, goodSchema)
@@ -407,13 +418,16 @@ func TestSlot(t *testing.T) {
 }
 
 func TestCheckpoint(t *testing.T) {
+	t.Parallel()
 	t.Run("schema missing", func(t *testing.T) {
+		t.Parallel()
 		f := newFixture(t, goodSchema)
 		findings := run(t, f.cfg)
 		wantFix(t, want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "table walcount.checkpoint does not exist"), "walcount setup")
 		want(t, findings, preflight.CheckCreateSchema, preflight.OK, "may create schema walcount")
 	})
 	t.Run("row missing", func(t *testing.T) {
+		t.Parallel()
 		f := newFixture(t, goodSchema)
 		f.createSlot(t, "pgoutput")
 		f.createCheckpoint(t, "0/0")
@@ -422,6 +436,7 @@ func TestCheckpoint(t *testing.T) {
 		wantFix(t, want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "has no row for slot "+f.cfg.Slot), "walcount setup")
 	})
 	t.Run("behind the slot", func(t *testing.T) {
+		t.Parallel()
 		f := newFixture(t, goodSchema)
 		f.createSlot(t, "pgoutput")
 		f.createCheckpoint(t, "0/1")
@@ -431,6 +446,7 @@ func TestCheckpoint(t *testing.T) {
 }
 
 func TestTablesAndColumns(t *testing.T) {
+	t.Parallel()
 	str := func(s string) *string { return &s }
 	tests := []struct {
 		name    string
@@ -526,6 +542,7 @@ CREATE TABLE likes (post_id bigint PRIMARY KEY);`,
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			f := newFixture(t, tt.schema)
 			if tt.counter != nil {
 				tt.counter(&f.cfg.Counters[0])
@@ -540,6 +557,7 @@ CREATE TABLE likes (post_id bigint PRIMARY KEY);`,
 }
 
 func TestRedis(t *testing.T) {
+	t.Parallel()
 	t.Run("unreachable", func(t *testing.T) {
 		// A port that was free a moment ago: nothing listens there.
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -584,6 +602,7 @@ func TestRedis(t *testing.T) {
 }
 
 func TestPostgresUnreachable(t *testing.T) {
+	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen: %v", err)

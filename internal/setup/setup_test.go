@@ -115,6 +115,7 @@ func (f *fixture) checkpoint(t *testing.T) string {
 }
 
 func TestSetupIsIdempotent(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, testenv.Database(t))
 	first := f.run(t, f.opts(likes))
 	if !first.CreatedSlot || first.CheckpointLSN == "" || first.NeedsReconcile {
@@ -152,6 +153,7 @@ func TestSetupIsIdempotent(t *testing.T) {
 }
 
 func TestPublicationFollowsCounters(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, testenv.Database(t))
 	steps := []struct {
 		counters []counter.Counter
@@ -182,6 +184,7 @@ func TestPublicationFollowsCounters(t *testing.T) {
 }
 
 func TestPrintSQL(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, testenv.Database(t))
 	f.exec(t, "ALTER TABLE comments REPLICA IDENTITY DEFAULT")
 	var out bytes.Buffer
@@ -239,6 +242,7 @@ func TestPrintSQL(t *testing.T) {
 }
 
 func TestWALLevelReplicaIsRefused(t *testing.T) {
+	t.Parallel()
 	pg := testenv.Postgres(t, servers.PostgresOptions{Settings: map[string]string{"wal_level": "replica"}})
 	f := newFixture(t, pg.URL())
 	_, err := setup.Run(context.Background(), f.conn, f.opts(likes))
@@ -256,6 +260,7 @@ func TestWALLevelReplicaIsRefused(t *testing.T) {
 }
 
 func TestRecreateSlot(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, testenv.Database(t))
 	first := f.run(t, f.opts(likes))
 	f.exec(t, "INSERT INTO likes (post_id) SELECT g FROM generate_series(1, 100) g")
@@ -287,6 +292,7 @@ func TestRecreateSlot(t *testing.T) {
 }
 
 func TestFixReplicaIdentityOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, testenv.Database(t))
 	identity := func(table string) string {
 		return f.query(t, "SELECT relreplident::text FROM pg_class WHERE oid = $1::regclass", table)
@@ -322,6 +328,7 @@ func TestFixReplicaIdentityOnlyWhenAsked(t *testing.T) {
 }
 
 func TestTeardown(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, testenv.Database(t))
 	f.run(t, f.opts(likes))
 	ropt, err := redis.ParseURL(testenv.RedisURL(t))
