@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -90,6 +91,25 @@ type Batch struct {
 	Events []Event
 	arena  []byte
 	cols   []Value
+	// charged is what the batch counts against the queue's byte budget
+	// while it is handed over and not yet released.
+	charged int64
+}
+
+// Sizes of the structures a batch holds, for its byte count.
+var (
+	eventSize = int64(unsafe.Sizeof(Event{}))
+	valueSize = int64(unsafe.Sizeof(Value{}))
+)
+
+// bytes estimates the memory the batch holds: its events, column values,
+// the arena of their text and message contents.
+func (b *Batch) bytes() int64 {
+	n := int64(len(b.Events))*eventSize + int64(len(b.cols))*valueSize + int64(len(b.arena))
+	for i := range b.Events {
+		n += int64(len(b.Events[i].Content))
+	}
+	return n
 }
 
 // reset empties b for reuse, keeping its capacity.
@@ -98,6 +118,7 @@ func (b *Batch) reset() {
 	b.Events = b.Events[:0]
 	b.arena = b.arena[:0]
 	b.cols = b.cols[:0]
+	b.charged = 0
 }
 
 // ValueKind says how a column is present in a tuple.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,10 @@ const (
 	// DefaultQueueSize is the capacity, in batches, of the channel between
 	// the stream and its consumer.
 	DefaultQueueSize = 64
+	// DefaultQueueBytes bounds the memory of the batches waiting between
+	// the stream and its consumer: DefaultQueueSize batches of wide rows
+	// (REPLICA IDENTITY FULL with large columns) would be no bound at all.
+	DefaultQueueBytes = 64 << 20
 	// DefaultBatchEvents is how many events a batch holds before it is
 	// handed over even if its transaction is still open.
 	DefaultBatchEvents = 4096
@@ -63,6 +68,10 @@ type StreamConfig struct {
 	ReceiveTimeout time.Duration
 	// QueueSize, in batches: default DefaultQueueSize.
 	QueueSize int
+	// QueueBytes bounds the bytes of the batches handed over and not yet
+	// released; a single batch larger than the bound still goes alone.
+	// Default DefaultQueueBytes.
+	QueueBytes int64
 	// BatchEvents: default DefaultBatchEvents.
 	BatchEvents int
 	// CoalesceWindow: while data streams in, the stream sets the TCP
@@ -101,6 +110,11 @@ type Stream struct {
 	ack  atomic.Uint64 // W: the position to confirm
 	recv atomic.Uint64 // highest WAL position received
 
+	// queued is the bytes of the batches handed over and not yet
+	// released; released is signalled by Release for a blocked handOver.
+	queued   atomic.Int64
+	released chan struct{}
+
 	// Owned by Run (and by Close after Run returned).
 	inTxn      bool // a BEGIN was decoded without its COMMIT
 	lastCommit LSN  // end LSN of the last COMMIT decoded
@@ -120,6 +134,9 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	}
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = DefaultQueueBytes
 	}
 	if cfg.BatchEvents <= 0 {
 		cfg.BatchEvents = DefaultBatchEvents
@@ -165,6 +182,8 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 		log:  cfg.Logger,
 		conn: conn,
 		out:  make(chan *Batch, cfg.QueueSize),
+
+		released: make(chan struct{}, 1),
 	}
 	s.ack.Store(uint64(cfg.StartLSN))
 	s.recv.Store(uint64(cfg.StartLSN))
@@ -174,9 +193,15 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 // Batches is the stream's output. It is closed when Run returns.
 func (s *Stream) Batches() <-chan *Batch { return s.out }
 
-// Release hands a consumed batch back for reuse. The caller must not use
-// the batch or any tuple in it afterwards.
+// Release hands a consumed batch back for reuse and frees its bytes in
+// the queue's budget. The caller must not use the batch or any tuple in it
+// afterwards.
 func (s *Stream) Release(b *Batch) {
+	s.queued.Add(-b.charged)
+	select {
+	case s.released <- struct{}{}:
+	default:
+	}
 	b.reset()
 	s.pool.Put(b)
 }
@@ -204,6 +229,24 @@ func (s *Stream) ReceivedLSN() LSN { return LSN(s.recv.Load()) }
 
 // QueueDepth returns how many batches wait for the consumer.
 func (s *Stream) QueueDepth() int { return len(s.out) }
+
+// QueueBytes returns the bytes of the batches handed over and not yet
+// released.
+func (s *Stream) QueueBytes() int64 { return s.queued.Load() }
+
+// admit charges n bytes to the queue's budget if they fit, or if nothing
+// is queued: one batch larger than the budget must still go.
+func (s *Stream) admit(n int64) bool {
+	for {
+		cur := s.queued.Load()
+		if cur > 0 && cur+n > s.cfg.QueueBytes {
+			return false
+		}
+		if s.queued.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
+}
 
 // Close sends a last status update confirming W, so that an Ack made
 // after Run returned (the final flush of a clean shutdown) reaches the
@@ -261,177 +304,292 @@ func (s *Stream) newBatch() *Batch {
 // way out when the connection still works.
 func (s *Stream) Run(ctx context.Context) error {
 	defer close(s.out)
-	dec := NewDecoder()
-	batch := s.newBatch()
-	sentAck := LSN(0)
-	nextStatus := time.Now()
-	// Receives use the socket's read deadline, not a context per
-	// message: a context costs an allocation and a watcher goroutine
-	// hand-off per message, which was a fifth of walcount's CPU. A
-	// cancelled ctx expires the deadline at once; a timeout leaves the
-	// connection usable and a partly read message resumes.
-	nc := s.conn.Conn()
-	stopWatch := context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
-	defer stopWatch()
-	defer func() { _ = nc.SetReadDeadline(time.Time{}) }()
-	// Coalescing (see StreamConfig.CoalesceWindow): it starts with the
-	// first WAL data after a quiet spell and ends after a window in which
-	// nothing arrived, so an idle stream sleeps until the next message.
-	canCoalesce := s.cfg.CoalesceWindow > 0 && setReceiveLowWater(nc, 1)
-	coalescing := false
-	var windowEnd time.Time // while coalescing: when the current window ends
-	windowMsgs := 0         // messages received in the current window
-	setCoalescing := func(on bool) {
-		lowat := 1
-		if on {
-			lowat = coalesceLowWater
-		}
-		if !setReceiveLowWater(nc, lowat) {
-			canCoalesce, on = false, false
-		}
-		coalescing = on
-	}
-	defer func() {
-		if coalescing {
-			setCoalescing(false) // Close reads the end of the stream
-		}
-	}()
-	var deadline time.Time
+	r := s.newReceiver(ctx)
+	defer r.close()
 	for {
 		if ctx.Err() != nil {
-			// What was received goes to the consumer, which drains the
-			// queue on a clean stop, so a shutdown flushes it. A full
-			// queue means a consumer far behind: the rest is replayed
-			// from W at the next start.
-			if len(batch.Events) > 0 {
-				select {
-				case s.out <- batch:
-				default:
-				}
-			}
-			_ = s.sendStatus(false)
-			return nil
+			return r.stop()
 		}
-		now := time.Now()
-		if acked := s.Acked(); acked != sentAck || !now.Before(nextStatus) {
-			if err := s.sendStatus(false); err != nil {
-				return err
-			}
-			sentAck = acked
-			nextStatus = now.Add(s.cfg.StatusInterval)
+		if err := r.statusIfDue(); err != nil {
+			return err
 		}
-		want := now.Add(s.cfg.ReceiveTimeout)
-		if nextStatus.Before(want) {
-			want = nextStatus
-		}
-		if coalescing {
-			if windowEnd.Before(want) {
-				want = windowEnd
-			}
-		} else if n := len(batch.Events); n > 0 && batch.Events[n-1].Kind == KindCommit {
-			// A finished transaction waits at most a millisecond for
-			// more to join its batch: under load batches fill up, a
-			// lone transaction goes on at once.
-			want = now.Add(handOverLinger)
-		}
-		// Setting a deadline is cheap but not free: keep one until it
-		// passes or a nearer one is wanted.
-		if !now.Before(deadline) || want.Before(deadline) {
-			deadline = want
-			if err := nc.SetReadDeadline(deadline); err != nil {
-				return fmt.Errorf("set receive deadline: %w", err)
-			}
+		if err := r.setDeadline(); err != nil {
+			return err
 		}
 		msg, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
-				continue // the loop head sends the final update
+				continue // the loop head stops
 			}
-			if pgconn.Timeout(err) {
-				// Nothing (more) arrived in time: hand over what is
-				// decoded so the consumer is not starved by a half-full
-				// batch.
-				if len(batch.Events) > 0 {
-					if batch, err = s.handOver(ctx, batch); err != nil {
-						return err
-					}
-				}
-				if coalescing {
-					if now := time.Now(); !now.Before(windowEnd) {
-						// Every read tries the socket before it waits,
-						// so a window without messages was a quiet one.
-						if windowMsgs == 0 {
-							setCoalescing(false)
-						}
-						windowMsgs = 0
-						windowEnd = now.Add(s.cfg.CoalesceWindow)
-					}
-				}
-				continue
+			if !pgconn.Timeout(err) {
+				return fmt.Errorf("receive replication message: %w", err)
 			}
-			return fmt.Errorf("receive replication message: %w", err)
+			if err := r.quiet(); err != nil {
+				return err
+			}
+			continue
 		}
-		if coalescing {
-			windowMsgs++
-		} else if canCoalesce {
-			setCoalescing(true)
-			windowMsgs, windowEnd = 0, time.Now().Add(s.cfg.CoalesceWindow)
+		r.co.arrived()
+		if err := r.dispatch(msg); err != nil {
+			return err
 		}
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				continue
-			}
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse keepalive: %w", err)
-				}
-				s.idleEnd = ka.ServerWALEnd
-				if ka.ReplyRequested {
-					if err := s.sendStatus(true); err != nil {
-						return err
-					}
-					sentAck = s.Acked()
-					nextStatus = time.Now().Add(s.cfg.StatusInterval)
-				}
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse xlogdata: %w", err)
-				}
-				before := len(batch.Events)
-				if err := dec.Decode(xld.WALData, batch); err != nil {
-					return fmt.Errorf("decode wal at %s: %w", xld.WALStart, err)
-				}
-				s.idleEnd = 0
-				if n := len(batch.Events); n > before {
-					switch ev := &batch.Events[n-1]; ev.Kind {
-					case KindBegin:
-						s.inTxn = true
-					case KindCommit:
-						s.inTxn, s.lastCommit = false, ev.LSN
-					}
-				}
-				end := xld.WALStart + LSN(len(xld.WALData))
-				if uint64(end) > s.recv.Load() {
-					s.recv.Store(uint64(end))
-				}
-				if s.cfg.Observer != nil {
-					s.cfg.Observer.Received(end)
-				}
-				if len(batch.Events) >= s.cfg.BatchEvents {
-					if batch, err = s.handOver(ctx, batch); err != nil {
-						return err
-					}
-				}
-			}
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyDone:
-			return errors.New("replication stream: server ended the stream")
+	}
+}
+
+// receiver is the state of one Run, owned by its goroutine.
+type receiver struct {
+	s     *Stream
+	ctx   context.Context
+	nc    net.Conn
+	dec   *Decoder
+	batch *Batch
+	// sentAck is the W the last status update carried, nextStatus when
+	// the next one is due even if W does not move.
+	sentAck    LSN
+	nextStatus time.Time
+	// deadline is the socket's read deadline.
+	deadline  time.Time
+	stopWatch func() bool
+	co        coalescer
+}
+
+// newReceiver prepares the connection for Run. Receives use the socket's
+// read deadline, not a context per message: a context costs an allocation
+// and a watcher goroutine hand-off per message. A cancelled ctx expires
+// the deadline at once; a timeout leaves the connection usable and a
+// partly read message resumes.
+func (s *Stream) newReceiver(ctx context.Context) *receiver {
+	nc := s.conn.Conn()
+	r := &receiver{
+		s:          s,
+		ctx:        ctx,
+		nc:         nc,
+		dec:        NewDecoder(),
+		batch:      s.newBatch(),
+		nextStatus: time.Now(),
+		stopWatch:  context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) }),
+	}
+	r.co = newCoalescer(nc, s.cfg.CoalesceWindow)
+	return r
+}
+
+// close undoes newReceiver, so that Close can read the end of the stream.
+func (r *receiver) close() {
+	r.stopWatch()
+	r.co.off()
+	_ = r.nc.SetReadDeadline(time.Time{})
+}
+
+// stop ends a Run that ctx stopped. What was received goes to the
+// consumer, which drains the queue on a clean stop, so a shutdown flushes
+// it; a full queue means a consumer far behind, and the rest is replayed
+// from W at the next start (DESIGN rule 3: nothing past W was confirmed).
+func (r *receiver) stop() error {
+	if len(r.batch.Events) > 0 {
+		select {
+		case r.s.out <- r.batch:
+		default:
 		}
+	}
+	_ = r.s.sendStatus(false)
+	return nil
+}
+
+// statusIfDue sends a standby status update when W moved or the status
+// interval passed, so the server learns W promptly and never times the
+// connection out (DESIGN rule 9).
+func (r *receiver) statusIfDue() error {
+	now := time.Now()
+	if acked := r.s.Acked(); acked != r.sentAck || !now.Before(r.nextStatus) {
+		if err := r.s.sendStatus(false); err != nil {
+			return err
+		}
+		r.sentAck = acked
+		r.nextStatus = now.Add(r.s.cfg.StatusInterval)
+	}
+	return nil
+}
+
+// setDeadline sets the read deadline to the nearest of: the receive
+// timeout, the next status update, the end of the coalescing window, and,
+// for a finished transaction waiting to join a batch, the linger.
+func (r *receiver) setDeadline() error {
+	now := time.Now()
+	want := now.Add(r.s.cfg.ReceiveTimeout)
+	if r.nextStatus.Before(want) {
+		want = r.nextStatus
+	}
+	if r.co.on {
+		if r.co.windowEnd.Before(want) {
+			want = r.co.windowEnd
+		}
+	} else if n := len(r.batch.Events); n > 0 && r.batch.Events[n-1].Kind == KindCommit {
+		// A finished transaction waits at most a millisecond for more to
+		// join its batch: under load batches fill up, a lone transaction
+		// goes on at once.
+		want = now.Add(handOverLinger)
+	}
+	// Setting a deadline is cheap but not free: keep one until it passes
+	// or a nearer one is wanted.
+	if !now.Before(r.deadline) || want.Before(r.deadline) {
+		r.deadline = want
+		if err := r.nc.SetReadDeadline(r.deadline); err != nil {
+			return fmt.Errorf("set receive deadline: %w", err)
+		}
+	}
+	return nil
+}
+
+// quiet handles a receive that timed out: nothing (more) arrived in time,
+// so what is decoded goes to the consumer, which a half-full batch must
+// not starve, and the coalescing window may end.
+func (r *receiver) quiet() error {
+	if len(r.batch.Events) > 0 {
+		var err error
+		if r.batch, err = r.s.handOver(r.ctx, r.batch); err != nil {
+			return err
+		}
+	}
+	r.co.windowPassed()
+	return nil
+}
+
+// dispatch handles one message of the COPY BOTH stream.
+func (r *receiver) dispatch(msg pgproto3.BackendMessage) error {
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return nil
+		}
+		switch msg.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			return r.keepalive(msg.Data[1:])
+		case pglogrepl.XLogDataByteID:
+			return r.walData(msg.Data[1:])
+		}
+	case *pgproto3.ErrorResponse:
+		return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return errors.New("replication stream: server ended the stream")
+	}
+	return nil
+}
+
+// keepalive answers a keepalive that asks for a reply at once, even while
+// the consumer is slow (DESIGN rule 9), and remembers the server's sent
+// position for sendStatus.
+func (r *receiver) keepalive(data []byte) error {
+	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data)
+	if err != nil {
+		return fmt.Errorf("parse keepalive: %w", err)
+	}
+	r.s.idleEnd = ka.ServerWALEnd
+	if ka.ReplyRequested {
+		if err := r.s.sendStatus(true); err != nil {
+			return err
+		}
+		r.sentAck = r.s.Acked()
+		r.nextStatus = time.Now().Add(r.s.cfg.StatusInterval)
+	}
+	return nil
+}
+
+// walData decodes one pgoutput message into the batch and hands a full
+// batch over. Receiving it never acknowledges it (DESIGN rule 3).
+func (r *receiver) walData(data []byte) error {
+	xld, err := pglogrepl.ParseXLogData(data)
+	if err != nil {
+		return fmt.Errorf("parse xlogdata: %w", err)
+	}
+	s := r.s
+	before := len(r.batch.Events)
+	if err := r.dec.Decode(xld.WALData, r.batch); err != nil {
+		return fmt.Errorf("decode wal at %s: %w", xld.WALStart, err)
+	}
+	s.idleEnd = 0
+	if n := len(r.batch.Events); n > before {
+		switch ev := &r.batch.Events[n-1]; ev.Kind {
+		case KindBegin:
+			s.inTxn = true
+		case KindCommit:
+			s.inTxn, s.lastCommit = false, ev.LSN
+		}
+	}
+	end := xld.WALStart + LSN(len(xld.WALData))
+	if uint64(end) > s.recv.Load() {
+		s.recv.Store(uint64(end))
+	}
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Received(end)
+	}
+	if len(r.batch.Events) >= s.cfg.BatchEvents {
+		if r.batch, err = s.handOver(r.ctx, r.batch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// coalescer lets WAL data gather in the socket while it streams in (see
+// StreamConfig.CoalesceWindow): it starts with the first data after a
+// quiet spell and ends after a window in which nothing arrived, so an idle
+// stream sleeps until the next message.
+type coalescer struct {
+	nc        net.Conn
+	window    time.Duration
+	can, on   bool
+	windowEnd time.Time // while on: when the current window ends
+	msgs      int       // messages received in the current window
+}
+
+func newCoalescer(nc net.Conn, window time.Duration) coalescer {
+	return coalescer{nc: nc, window: window, can: window > 0 && setReceiveLowWater(nc, 1)}
+}
+
+// set turns coalescing on or off; a socket that refuses the option turns
+// it off for good.
+func (c *coalescer) set(on bool) {
+	lowat := 1
+	if on {
+		lowat = coalesceLowWater
+	}
+	if !setReceiveLowWater(c.nc, lowat) {
+		c.can, on = false, false
+	}
+	c.on = on
+}
+
+// arrived counts a message, starting a window after a quiet spell.
+func (c *coalescer) arrived() {
+	switch {
+	case c.on:
+		c.msgs++
+	case c.can:
+		c.set(true)
+		c.msgs, c.windowEnd = 0, time.Now().Add(c.window)
+	}
+}
+
+// windowPassed ends coalescing after a window without messages. Every read
+// tries the socket before it waits, so a window without messages was a
+// quiet one.
+func (c *coalescer) windowPassed() {
+	if !c.on {
+		return
+	}
+	if now := time.Now(); !now.Before(c.windowEnd) {
+		if c.msgs == 0 {
+			c.set(false)
+		}
+		c.msgs = 0
+		c.windowEnd = now.Add(c.window)
+	}
+}
+
+// off stops coalescing, so that Close reads the end of the stream at once.
+func (c *coalescer) off() {
+	if c.on {
+		c.set(false)
 	}
 }
 
@@ -440,10 +598,14 @@ func (s *Stream) Run(ctx context.Context) error {
 // updates so the server does not time the connection out, and logs the
 // stall once.
 func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
-	select {
-	case s.out <- b:
-		return s.newBatch(), nil
-	default:
+	b.charged = b.bytes()
+	admitted := s.admit(b.charged)
+	if admitted {
+		select {
+		case s.out <- b:
+			return s.newBatch(), nil
+		default:
+		}
 	}
 	start := time.Now()
 	logged := false
@@ -455,15 +617,27 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 		}
 	}()
 	for {
+		if !admitted {
+			admitted = s.admit(b.charged)
+		}
+		var out chan<- *Batch // nil, so never ready, until admitted
+		if admitted {
+			out = s.out
+		}
 		select {
-		case s.out <- b:
+		case out <- b:
 			return s.newBatch(), nil
+		case <-s.released:
 		case <-ctx.Done():
+			if admitted {
+				s.queued.Add(-b.charged)
+			}
 			return b, nil // Run notices ctx and stops
 		case <-tick.C:
 			if !logged {
 				s.log.Warn("consumer is slow; replication reading is paused (backpressure)",
-					zap.Duration("blocked_for", time.Since(start)), zap.Int("queue", cap(s.out)))
+					zap.Duration("blocked_for", time.Since(start)), zap.Int("queue", cap(s.out)),
+					zap.Int64("queue_bytes", s.queued.Load()))
 				logged = true
 			}
 			if err := s.sendStatus(false); err != nil {

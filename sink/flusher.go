@@ -23,9 +23,15 @@ import (
 // DefaultChunkSize is how many keys one UPDATE statement carries.
 const DefaultChunkSize = 5000
 
-// ErrCheckpointMoved means the checkpoint is neither W nor past the batch
-// being flushed: someone else wrote it. The session must restart.
-var ErrCheckpointMoved = errors.New("checkpoint moved under the flusher")
+var (
+	// ErrCheckpointMoved means the checkpoint is neither W nor past the
+	// batch being flushed: someone else wrote it. The session must
+	// restart.
+	ErrCheckpointMoved = errors.New("checkpoint moved under the flusher")
+	// ErrNotRunning is returned by Request when the flusher's loop is not
+	// running (the session ended or has not started).
+	ErrNotRunning = errors.New("the flusher is not running")
+)
 
 // Buffer is the part of the buffer the flusher uses: the atomic hand-over
 // of everything buffered past W, and the two ways a flush ends (DESIGN
@@ -74,6 +80,12 @@ type Flusher struct {
 	log     *zap.Logger
 	targets map[string]*counter.Resolved
 
+	// requests carries flushes asked for by others (reconciliation) to
+	// Run's loop, so that a flush error ends the session wherever the
+	// flush was asked for; done is closed when Run returns.
+	requests chan chan error
+	done     chan struct{}
+
 	mu        sync.Mutex
 	w         cdc.LSN
 	lastFlush time.Time
@@ -90,7 +102,8 @@ func NewFlusher(ctx context.Context, opt Options) (*Flusher, error) {
 	if opt.Metrics == nil {
 		opt.Metrics = metrics.New()
 	}
-	f := &Flusher{opt: opt, log: opt.Logger, targets: make(map[string]*counter.Resolved)}
+	f := &Flusher{opt: opt, log: opt.Logger, targets: make(map[string]*counter.Resolved),
+		requests: make(chan chan error), done: make(chan struct{})}
 	for _, c := range opt.Counters {
 		t, err := counter.Resolve(ctx, opt.Pool, c)
 		if err != nil {
@@ -128,23 +141,50 @@ func (f *Flusher) LastFlush() time.Time {
 	return f.lastFlush
 }
 
-// Run flushes every interval until ctx is done. It returns the first
-// error; the caller restarts the session.
+// Run flushes every interval, and whenever Request asks, until ctx is
+// done. It returns the first error; the caller restarts the session. Call
+// it once.
 func (f *Flusher) Run(ctx context.Context, interval time.Duration) error {
+	defer close(f.done)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		var reply chan error
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case reply = <-f.requests:
 		}
-		if _, err := f.Flush(ctx); err != nil {
+		_, err := f.Flush(ctx)
+		if reply != nil {
+			reply <- err
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
+	}
+}
+
+// Request makes Run flush now and returns the flush's error. It fails with
+// ErrNotRunning when Run is not running.
+func (f *Flusher) Request(ctx context.Context) error {
+	reply := make(chan error, 1)
+	select {
+	case f.requests <- reply:
+	case <-f.done:
+		return ErrNotRunning
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -90,9 +91,6 @@ type daemonState struct {
 	failures     int
 	sessionStart time.Time
 	waiting      bool
-	// failSession ends the running session with an error; flushes made
-	// outside the session's own loop (reconciliation) report through it.
-	failSession func(error)
 	// failureLoggedAt is when a failed session was last logged at error
 	// level (see logFailure).
 	failureLoggedAt time.Time
@@ -277,9 +275,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(wait):
+		case <-time.After(jitter(wait)):
 		}
 	}
+}
+
+// jitter spreads a wait over ±20%, so that a fleet of walcount instances
+// (standbys waiting for a slot, daemons that lost the same server) does not
+// retry in lockstep.
+func jitter(d time.Duration) time.Duration {
+	return d - d/5 + rand.N(2*d/5+1)
 }
 
 // logStop logs the error that stops the daemon for good.

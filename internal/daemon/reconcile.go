@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/reconcile"
+	"github.com/walcount/walcount/sink"
 )
 
 // newReconciler builds the daemon's reconciler: it flushes through the
@@ -36,19 +38,19 @@ func (d *Daemon) ReconcileHandler() http.Handler { return d.rec.Handler() }
 // ReconcileStatus returns the reconciliation state for /status.
 func (d *Daemon) ReconcileStatus() reconcile.Status { return d.rec.Status() }
 
-// flushNow flushes through the running session.
+// flushNow makes the running session's flusher flush now. A failed flush
+// ends the session, wherever it was asked for: the session restarts and
+// recovers exactly as after its own.
 func (d *Daemon) flushNow(ctx context.Context) error {
 	d.mu.Lock()
-	f, streaming, fail := d.state.flusher, d.state.streaming, d.state.failSession
+	f, streaming := d.state.flusher, d.state.streaming
 	d.mu.Unlock()
 	if f == nil || !streaming {
 		return reconcile.ErrNotStreaming
 	}
-	if _, err := f.Flush(ctx); err != nil {
-		// A flush error is the session's, wherever the flush ran: the
-		// session restarts and recovers exactly as after its own.
-		if fail != nil && ctx.Err() == nil {
-			fail(err)
+	if err := f.Request(ctx); err != nil {
+		if errors.Is(err, sink.ErrNotRunning) {
+			return reconcile.ErrNotStreaming
 		}
 		return err
 	}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/buffer"
@@ -22,9 +22,41 @@ func isSlotLost(err error) bool { return errors.Is(err, monitor.ErrSlotLost) }
 // session runs one replication session; see the package documentation.
 // It returns nil only after a clean shutdown requested through ctx.
 func (d *Daemon) session(ctx context.Context) error {
+	s, err := d.openSession(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.closeStream()
+	d.sessionStarted(s)
+	defer d.sessionEnded()
+	if err := s.run(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return errors.New("replication stream ended")
+	}
+	s.finalFlush(ctx)
+	return nil
+}
+
+// liveSession is one session's parts, from openSession to its end.
+type liveSession struct {
+	d       *Daemon
+	flusher *sink.Flusher
+	stream  *cdc.Stream
+	// start is where the buffer's chain ends: streaming skips every
+	// transaction up to it (DESIGN rule 4).
+	start  cdc.LSN
+	closed bool
+}
+
+// openSession checks the state schema, reads W, takes the slot (it fails
+// with cdc.ErrSlotInUse while another walcount holds it) and makes Redis
+// continue W (DESIGN §4). Nothing is consumed yet.
+func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	// A schema of another version would be read or written wrongly.
 	if err := state.CheckVersion(ctx, d.pool); err != nil {
-		return err
+		return nil, err
 	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
 		Pool:       d.pool,
@@ -37,7 +69,7 @@ func (d *Daemon) session(ctx context.Context) error {
 		Failpoints: d.opt.Failpoints,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	w := flusher.W()
 	if d.opt.replayFromSlot {
@@ -55,27 +87,35 @@ func (d *Daemon) session(ctx context.Context) error {
 	})
 	if err != nil {
 		if lost := d.checkSlotLost(ctx, err); lost != nil {
-			return lost
+			return nil, lost
 		}
-		return err
+		return nil, err
 	}
-	closed := false
-	closeStream := func() {
-		if !closed {
-			closed = true
-			stream.Close()
-		}
-	}
-	defer closeStream()
+	s := &liveSession{d: d, flusher: flusher, stream: stream}
+	// Every new W goes to the stream's next status update, and the stream
+	// confirms W from the start, even when it was asked to start elsewhere
+	// (tests replaying from the slot's position): ack = W (DESIGN rule 3).
 	flusher.SetAck(stream.Ack)
-	// The stream confirms W from the start, even when it was asked to
-	// start elsewhere (tests replaying from the slot's position).
 	stream.Ack(flusher.W())
-
-	start, err := d.recover(ctx, flusher)
-	if err != nil {
-		return err
+	if s.start, err = d.recover(ctx, flusher); err != nil {
+		s.closeStream()
+		return nil, err
 	}
+	return s, nil
+}
+
+// closeStream sends the last status update and closes the replication
+// connection, once.
+func (s *liveSession) closeStream() {
+	if !s.closed {
+		s.closed = true
+		s.stream.Close()
+	}
+}
+
+// sessionStarted publishes a streaming session for /status, /readyz and
+// the reconciler.
+func (d *Daemon) sessionStarted(s *liveSession) {
 	d.lag.Reset()
 	// Measurements in flight relied on the old session's recording.
 	d.rec.Recorder().NewSession()
@@ -86,25 +126,37 @@ func (d *Daemon) session(ctx context.Context) error {
 	d.state.failures = 0
 	d.state.waiting = false
 	d.state.streaming = true
-	d.state.stream = stream
-	d.state.flusher = flusher
+	d.state.stream = s.stream
+	d.state.flusher = s.flusher
 	d.state.sessionStart = time.Now()
 	d.mu.Unlock()
 	d.m.Streaming.Set(1)
-	d.log.Info("streaming", zap.String("checkpoint", flusher.W().String()), zap.String("redis_lsn", start.String()))
-	defer func() {
-		d.mu.Lock()
-		d.state.streaming = false
-		d.state.stream = nil
-		d.mu.Unlock()
-		d.m.Streaming.Set(0)
-	}()
+	d.log.Info("streaming", zap.String("checkpoint", s.flusher.W().String()), zap.String("redis_lsn", s.start.String()))
+}
 
+// sessionEnded withdraws what sessionStarted published.
+func (d *Daemon) sessionEnded() {
+	d.mu.Lock()
+	d.state.streaming = false
+	d.state.stream = nil
+	d.mu.Unlock()
+	d.m.Streaming.Set(0)
+}
+
+// run consumes the stream until ctx asks for a clean shutdown or a part
+// fails, and returns the first failure.
+//
+// Teardown order: ctx stops the stream alone; the aggregator drains what
+// was received and writes it to Redis, then stops the flusher and the
+// heartbeat. A failure of any part stops all of them at once, and nothing
+// more is written: the next session replays from W.
+func (s *liveSession) run(ctx context.Context) error {
+	d := s.d
 	agg := aggregator.New(aggregator.Options{
 		Counters:   d.cfg.Counters,
 		Buffer:     d.buf,
-		Barrier:    flusher,
-		Start:      start,
+		Barrier:    s.flusher,
+		Start:      s.start,
 		Commits:    d.lag,
 		Messages:   d.rec.Recorder().HandleMessage,
 		Observe:    d.rec.Recorder().Observe,
@@ -112,78 +164,38 @@ func (d *Daemon) session(ctx context.Context) error {
 		Logger:     d.log,
 		Failpoints: d.opt.Failpoints,
 	})
-
-	// The stream stops when ctx does; the workers keep going until they
-	// are told, so that what was received is drained and flushed.
-	streamCtx, stopStream := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
+	streamCtx, stopStream := context.WithCancel(gctx)
 	defer stopStream()
-	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer context.AfterFunc(ctx, stopStream)()
+	workCtx, stopWork := context.WithCancel(gctx)
 	defer stopWork()
+	g.Go(func() error { return s.stream.Run(streamCtx) })
+	g.Go(func() error {
+		// The stream closed its output (drained) or a part failed: either
+		// way the other workers are done.
+		defer stopWork()
+		return agg.Run(workCtx, s.stream.Batches(), s.stream.Release)
+	})
+	g.Go(func() error { return s.flusher.Run(workCtx, d.cfg.FlushInterval) })
+	g.Go(func() error {
+		d.heartbeat(workCtx, s.stream)
+		return nil
+	})
+	return g.Wait()
+}
 
-	var (
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-		aggDone  = make(chan struct{})
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err })
-		stopStream()
-		stopWork()
-	}
-	d.mu.Lock()
-	d.state.failSession = fail
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		d.state.failSession = nil
-		d.mu.Unlock()
-	}()
-	wg.Go(func() {
-		if err := stream.Run(streamCtx); err != nil {
-			fail(err)
-		}
-	})
-	wg.Go(func() {
-		if err := agg.Run(workCtx, stream.Batches(), stream.Release); err != nil {
-			fail(err)
-			return
-		}
-		close(aggDone)
-	})
-	wg.Go(func() {
-		if err := flusher.Run(workCtx, d.cfg.FlushInterval); err != nil {
-			fail(err)
-		}
-	})
-	wg.Go(func() { d.heartbeat(workCtx, stream) })
-
-	select {
-	case <-aggDone:
-	case <-workCtx.Done():
-	}
-	stopWork()
-	wg.Wait()
-	// fail may also be called by a flush outside wg (reconciliation): a
-	// no-op Do waits for it and publishes firstErr.
-	errOnce.Do(func() {})
-	if firstErr != nil {
-		return firstErr
-	}
-	if ctx.Err() == nil {
-		return errors.New("replication stream ended")
-	}
-	// Clean shutdown: everything received is in Redis; flush it and
-	// confirm the new W before closing the connection.
+// finalFlush applies what a clean shutdown drained into Redis, bounded by
+// ShutdownTimeout; closeStream then confirms the new W.
+func (s *liveSession) finalFlush(ctx context.Context) {
+	d := s.d
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opt.ShutdownTimeout)
 	defer cancel()
-	if _, err := flusher.Flush(fctx); err != nil {
+	if _, err := s.flusher.Flush(fctx); err != nil {
 		d.log.Warn("final flush failed; the next start resumes it", zap.Error(err))
-	} else {
-		d.log.Info("final flush done", zap.String("checkpoint", flusher.W().String()))
+		return
 	}
-	closeStream()
-	return nil
+	d.log.Info("final flush done", zap.String("checkpoint", s.flusher.W().String()))
 }
 
 // recover makes Redis continue W (DESIGN §4): a missing or foreign chain

@@ -98,6 +98,7 @@ type snapshot struct {
 	p          progress
 	bufferKeys *int64
 	queueDepth int
+	queueBytes int64
 }
 
 // observe refreshes the sampled metrics every MetricsInterval until ctx is
@@ -170,8 +171,10 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 			s.p.received = r
 		}
 		s.queueDepth = st.stream.QueueDepth()
+		s.queueBytes = st.stream.QueueBytes()
 	}
 	d.m.QueueDepth.Set(float64(s.queueDepth))
+	d.m.QueueBytes.Set(float64(s.queueBytes))
 
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()

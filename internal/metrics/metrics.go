@@ -127,8 +127,11 @@ type Metrics struct {
 	// QueueBlockedSeconds is the total time the cdc stage spent blocked
 	// on a full queue to the aggregator (backpressure, DESIGN §2 rule 9).
 	QueueBlockedSeconds prometheus.Counter
-	// QueueDepth is the number of transactions waiting in that queue.
+	// QueueDepth is the number of batches waiting in that queue.
 	QueueDepth prometheus.Gauge
+	// QueueBytes is the memory of the batches in that queue, which is
+	// bounded by bytes, not only by batches.
+	QueueBytes prometheus.Gauge
 	// Streaming is 1 while the replication stream is connected.
 	Streaming prometheus.Gauge
 
@@ -215,7 +218,9 @@ func New() *Metrics {
 		QueueBlockedSeconds: counter("queue_blocked_seconds_total",
 			"Seconds the replication reader spent blocked on a full queue to the aggregator (backpressure)."),
 		QueueDepth: gauge("queue_depth",
-			"Transactions waiting in the queue between the replication reader and the aggregator."),
+			"Batches of decoded changes waiting in the queue between the replication reader and the aggregator."),
+		QueueBytes: gauge("queue_bytes",
+			"Bytes of decoded changes held in the queue between the replication reader and the aggregator (bounded by bytes: backpressure starts at the bound)."),
 		Streaming: gauge("streaming",
 			"1 while the replication stream is connected, else 0."),
 
@@ -265,7 +270,7 @@ func New() *Metrics {
 		m.SlotLagBytes, m.SlotRetainedWALBytes, m.SlotSafeWALSizeBytes, m.SlotActive, m.SlotWALStatus, m.SlotInvalidated,
 		m.SlotSpillBytes, m.SlotSpillTxns, m.SlotStreamBytes, m.SlotStreamTxns, m.SlotReadErrors,
 		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds,
-		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.Streaming,
+		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
 		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
 		m.ReconcileCorrections, m.ReconcileKeysChecked,
 		m.BuildInfo,
