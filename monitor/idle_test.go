@@ -55,7 +55,7 @@ func TestMonitorNamesIdleTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	mon := monitor.NewMonitor(pool, "walcount", 50*time.Millisecond, 0, m, nil)
+	mon := monitor.New(monitor.Options{Querier: pool, Slot: "walcount", Interval: 50 * time.Millisecond, Metrics: m})
 	done := make(chan error, 1)
 	go func() { done <- mon.Run(ctx) }()
 	s := waitLatest(t, mon, "the new slot", func(s monitor.SlotStatus) bool { return s.Exists })

@@ -6,10 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/metrics"
 )
 
@@ -64,29 +62,51 @@ type Monitor struct {
 	failLoggedAt  time.Time
 }
 
-// NewMonitor returns a Monitor of the slot named slot that reads through pool.
-// An interval of zero or less means config.DefaultSlotPollInterval. A maxLag
-// of zero or less disables the lag check of LagOK. A nil m gets a private
-// metrics set, a nil log a no-op logger.
-func NewMonitor(pool *pgxpool.Pool, slot string, interval time.Duration, maxLag int64, m *metrics.Metrics, log *zap.Logger) *Monitor {
-	if interval <= 0 {
-		interval = config.DefaultSlotPollInterval
+// Defaults of Options.
+const (
+	// DefaultPollInterval is how often pg_replication_slots is read.
+	DefaultPollInterval = 5 * time.Second
+	// DefaultMaxLagBytes is the slot lag above which LagOK (and /readyz)
+	// fails.
+	DefaultMaxLagBytes = 1 << 30
+)
+
+// Options configure a Monitor.
+type Options struct {
+	// Querier reads the slot. Pass a pool (not one connection): it
+	// survives a server restart.
+	Querier Querier
+	// Slot is the slot's name.
+	Slot string
+	// Interval between reads; zero means DefaultPollInterval.
+	Interval time.Duration
+	// MaxLagBytes is the lag above which LagOK fails; zero or less
+	// disables the lag check.
+	MaxLagBytes int64
+	// Metrics receives the readings; nil means a private set.
+	Metrics *metrics.Metrics
+	// Logger: nil means no logging.
+	Logger *zap.Logger
+}
+
+// New returns a Monitor of opt.Slot.
+func New(opt Options) *Monitor {
+	if opt.Interval <= 0 {
+		opt.Interval = DefaultPollInterval
 	}
-	if m == nil {
-		m = metrics.New()
+	if opt.Metrics == nil {
+		opt.Metrics = metrics.New()
 	}
-	if log == nil {
-		log = zap.NewNop()
+	if opt.Logger == nil {
+		opt.Logger = zap.NewNop()
 	}
 	return &Monitor{
-		// The pool is kept as a Querier: the monitor needs nothing else,
-		// and a pool (not one connection) survives a server restart.
-		q:        pool,
-		slot:     slot,
-		interval: interval,
-		maxLag:   maxLag,
-		metrics:  m,
-		log:      log.With(zap.String(fieldSlot, slot)),
+		q:        opt.Querier,
+		slot:     opt.Slot,
+		interval: opt.Interval,
+		maxLag:   opt.MaxLagBytes,
+		metrics:  opt.Metrics,
+		log:      opt.Logger.With(zap.String(fieldSlot, opt.Slot)),
 		// The slot is assumed to exist and be reserved until a reading says
 		// otherwise, so that the first reading of a healthy slot logs
 		// nothing.

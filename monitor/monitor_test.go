@@ -162,7 +162,7 @@ func TestMonitorActiveSlotAndLag(t *testing.T) {
 
 	m := metrics.New()
 	core, logs := observer.New(zapcore.InfoLevel)
-	mon := monitor.NewMonitor(pool, slot, 50*time.Millisecond, mib, m, zap.New(core))
+	mon := monitor.New(monitor.Options{Querier: pool, Slot: slot, Interval: 50 * time.Millisecond, MaxLagBytes: mib, Metrics: m, Logger: zap.New(core)})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- mon.Run(runCtx) }()
@@ -251,7 +251,7 @@ func TestMonitorStopsOnLostSlot(t *testing.T) {
 
 	m := metrics.New()
 	core, logs := observer.New(zapcore.InfoLevel)
-	mon := monitor.NewMonitor(pool, "walcount", 50*time.Millisecond, 0, m, zap.New(core))
+	mon := monitor.New(monitor.Options{Querier: pool, Slot: "walcount", Interval: 50 * time.Millisecond, Metrics: m, Logger: zap.New(core)})
 	done := make(chan error, 1)
 	go func() { done <- mon.Run(ctx) }()
 

@@ -23,7 +23,7 @@ import (
 func newTestMonitor(maxLag int64) (*Monitor, *metrics.Metrics, *observer.ObservedLogs) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	m := metrics.New()
-	return NewMonitor(nil, "walcount", time.Second, maxLag, m, zap.New(core)), m, logs
+	return New(Options{Slot: "walcount", Interval: time.Second, MaxLagBytes: maxLag, Metrics: m, Logger: zap.New(core)}), m, logs
 }
 
 func reading(status string, lag int64) SlotStatus {

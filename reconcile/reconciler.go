@@ -15,7 +15,6 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/state"
 )
@@ -25,6 +24,11 @@ const (
 	// DefaultStepTimeout bounds each wait of a measurement: for M0 to be
 	// seen, for W to pass it, and for M1.
 	DefaultStepTimeout = 30 * time.Second
+	// DefaultBatchSize is how many target keys one measurement reads.
+	DefaultBatchSize = 1000
+	// DefaultInterval is the pause between scheduled full
+	// reconciliations.
+	DefaultInterval = 24 * time.Hour
 	// DefaultMaxAttempts is how often a batch is measured again after a
 	// session restart or a timeout before the run fails.
 	DefaultMaxAttempts = 20
@@ -50,7 +54,7 @@ type Options struct {
 	Slot     string
 	Counters []counter.Counter
 	// BatchSize is the number of keys per measurement; default
-	// config.DefaultReconcileBatchSize.
+	// DefaultBatchSize.
 	BatchSize int
 	// Interval between scheduled runs; 0 disables them.
 	Interval time.Duration
@@ -97,7 +101,7 @@ type Reconciler struct {
 // aggregator.
 func New(opt Options) *Reconciler {
 	if opt.BatchSize <= 0 {
-		opt.BatchSize = config.DefaultReconcileBatchSize
+		opt.BatchSize = DefaultBatchSize
 	}
 	if opt.StepTimeout <= 0 {
 		opt.StepTimeout = DefaultStepTimeout

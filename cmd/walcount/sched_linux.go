@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"syscall"
-	"unsafe"
-)
 
-const schedBatch = 3 // SCHED_BATCH
+	"golang.org/x/sys/unix"
+)
 
 // setBatchScheduling moves every thread of the process to SCHED_BATCH.
 // Linux sets the policy per thread and a new thread inherits its
@@ -25,23 +23,24 @@ func setBatchScheduling() error {
 		}
 		moved := 0
 		for _, tid := range tids {
-			policy, err := schedPolicy(tid)
-			if errors.Is(err, syscall.ESRCH) {
+			attr, err := unix.SchedGetAttr(tid, 0)
+			if errors.Is(err, unix.ESRCH) {
 				continue // the thread exited
 			}
 			if err != nil {
-				return err
+				return fmt.Errorf("sched_getattr(%d): %w", tid, err)
 			}
-			if policy == schedBatch {
+			if attr.Policy == unix.SCHED_BATCH {
 				continue
 			}
-			var param struct{ priority int32 } // must be 0 for SCHED_BATCH
-			_, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_SETSCHEDULER, uintptr(tid), schedBatch, uintptr(unsafe.Pointer(&param)))
-			if errno == syscall.ESRCH {
+			// The thread keeps its nice value; the priority must be 0.
+			attr.Policy, attr.Priority = unix.SCHED_BATCH, 0
+			err = unix.SchedSetAttr(tid, attr, 0)
+			if errors.Is(err, unix.ESRCH) {
 				continue
 			}
-			if errno != 0 {
-				return fmt.Errorf("sched_setscheduler(%d, SCHED_BATCH): %w", tid, errno)
+			if err != nil {
+				return fmt.Errorf("sched_setattr(%d, SCHED_BATCH): %w", tid, err)
 			}
 			moved++
 		}
@@ -69,9 +68,9 @@ func threadIDs() ([]int, error) {
 
 // schedPolicy returns a thread's scheduling policy.
 func schedPolicy(tid int) (int, error) {
-	r, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_GETSCHEDULER, uintptr(tid), 0, 0)
-	if errno != 0 {
-		return 0, fmt.Errorf("sched_getscheduler(%d): %w", tid, errno)
+	attr, err := unix.SchedGetAttr(tid, 0)
+	if err != nil {
+		return 0, fmt.Errorf("sched_getattr(%d): %w", tid, err)
 	}
-	return int(r), nil
+	return int(attr.Policy), nil
 }

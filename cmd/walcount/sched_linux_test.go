@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSetBatchScheduling moves the test process to SCHED_BATCH (harmless
@@ -46,8 +48,8 @@ func TestSetBatchScheduling(t *testing.T) {
 		if err != nil {
 			continue // exited since
 		}
-		if policy != schedBatch {
-			t.Errorf("thread %d has scheduling policy %d, want SCHED_BATCH (%d)", tid, policy, schedBatch)
+		if policy != unix.SCHED_BATCH {
+			t.Errorf("thread %d has scheduling policy %d, want SCHED_BATCH (%d)", tid, policy, unix.SCHED_BATCH)
 		}
 	}
 }
@@ -64,8 +66,8 @@ func checkBatchThreads(t *testing.T, pid int) {
 		t.Errorf("process %d has no threads to check", pid)
 	}
 	for tid, p := range policies {
-		if p != schedBatch {
-			t.Errorf("thread %d of %d has scheduling policy %d, want SCHED_BATCH (%d)", tid, pid, p, schedBatch)
+		if p != unix.SCHED_BATCH {
+			t.Errorf("thread %d of %d has scheduling policy %d, want SCHED_BATCH (%d)", tid, pid, p, unix.SCHED_BATCH)
 		}
 	}
 }

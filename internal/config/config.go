@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/reconcile"
 )
 
 // Defaults of the settings. Each is documented in README.md.
@@ -15,22 +17,6 @@ const (
 	DefaultFlushInterval     = time.Second
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultHTTPAddr          = "127.0.0.1:9750"
-	// DefaultStatusInterval is how often a standby status update is sent
-	// even when W has not moved.
-	DefaultStatusInterval = 10 * time.Second
-	// DefaultSlotPollInterval is how often the slot monitor reads
-	// pg_replication_slots.
-	DefaultSlotPollInterval = 5 * time.Second
-	// DefaultMaxLagBytes is the slot lag above which /readyz fails.
-	DefaultMaxLagBytes = 1 << 30
-	// DefaultShutdownTimeout bounds the final flush on SIGINT/SIGTERM.
-	DefaultShutdownTimeout = 30 * time.Second
-	// DefaultReconcileBatchSize is how many target keys one reconcile
-	// measurement reads.
-	DefaultReconcileBatchSize = 1000
-	// DefaultReconcileInterval is the pause between scheduled full
-	// reconciliations; zero disables them.
-	DefaultReconcileInterval = 24 * time.Hour
 	// CPUSchedulingBatch and CPUSchedulingNormal are the values of
 	// cpu_scheduling; batch is the default.
 	CPUSchedulingBatch  = "batch"
@@ -102,9 +88,9 @@ func Default() Config {
 		CPUScheduling:     CPUSchedulingBatch,
 		Counters:          []counter.Counter{counter.Default()},
 		SlotSettings: SlotSettings{
-			PollInterval: DefaultSlotPollInterval,
-			MaxLagBytes:  DefaultMaxLagBytes,
+			PollInterval: monitor.DefaultPollInterval,
+			MaxLagBytes:  monitor.DefaultMaxLagBytes,
 		},
-		Reconcile: ReconcileSettings{BatchSize: DefaultReconcileBatchSize},
+		Reconcile: ReconcileSettings{BatchSize: reconcile.DefaultBatchSize},
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/reconcile"
 )
 
 func TestParseErrors(t *testing.T) {
@@ -257,8 +259,8 @@ func TestParseDefaults(t *testing.T) {
 				cfg.Counters[0].Source != "public.likes" || cfg.Counters[0].Target != "public.posts" {
 				t.Errorf("Counters = %+v, want the default counter", cfg.Counters)
 			}
-			if cfg.FlushInterval != DefaultFlushInterval || cfg.Reconcile.BatchSize != DefaultReconcileBatchSize ||
-				cfg.SlotSettings.PollInterval != DefaultSlotPollInterval {
+			if cfg.FlushInterval != DefaultFlushInterval || cfg.Reconcile.BatchSize != reconcile.DefaultBatchSize ||
+				cfg.SlotSettings.PollInterval != monitor.DefaultPollInterval {
 				t.Errorf("defaults lost: %+v", cfg)
 			}
 		})

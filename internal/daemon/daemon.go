@@ -28,8 +28,10 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultRetryMin = 500 * time.Millisecond
-	DefaultRetryMax = 30 * time.Second
+	// DefaultShutdownTimeout bounds the final flush on SIGINT/SIGTERM.
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultRetryMin        = 500 * time.Millisecond
+	DefaultRetryMax        = 30 * time.Second
 	// DefaultTakeoverPoll is how often a standby instance retries a slot
 	// that another walcount holds.
 	DefaultTakeoverPoll = time.Second
@@ -46,7 +48,7 @@ var (
 type Options struct {
 	Config config.Config
 	// ShutdownTimeout bounds the final flush; default
-	// config.DefaultShutdownTimeout.
+	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// StatusInterval and ReceiveTimeout tune cdc; zero uses cdc's
 	// defaults.
@@ -102,7 +104,7 @@ type daemonState struct {
 // New connects nothing yet; it validates the URLs and builds the clients.
 func New(opt Options) (*Daemon, error) {
 	if opt.ShutdownTimeout <= 0 {
-		opt.ShutdownTimeout = config.DefaultShutdownTimeout
+		opt.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if opt.RetryMin <= 0 {
 		opt.RetryMin = DefaultRetryMin
@@ -147,8 +149,8 @@ func New(opt Options) (*Daemon, error) {
 		rdb:  rdb,
 		buf:  buffer.New(rdb, cfg.Slot),
 		lag:  sink.NewLagTracker(0),
-		mon: monitor.NewMonitor(pool, cfg.Slot, cfg.SlotSettings.PollInterval, cfg.SlotSettings.MaxLagBytes,
-			opt.Metrics, opt.Logger.With(zap.String(logSlot, cfg.Slot))),
+		mon: monitor.New(monitor.Options{Querier: pool, Slot: cfg.Slot, Interval: cfg.SlotSettings.PollInterval,
+			MaxLagBytes: cfg.SlotSettings.MaxLagBytes, Metrics: opt.Metrics, Logger: opt.Logger}),
 	}
 	d.rec = d.newReconciler()
 	return d, nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
 )
@@ -14,7 +13,7 @@ import (
 // current session and pauses while the stream is behind.
 func (d *Daemon) newReconciler() *reconcile.Reconciler {
 	// A nil interval means the default; zero disables scheduled runs.
-	every := config.DefaultReconcileInterval
+	every := reconcile.DefaultInterval
 	if d.cfg.Reconcile.Interval != nil {
 		every = *d.cfg.Reconcile.Interval
 	}
