@@ -370,7 +370,7 @@ func (r *results) targetsSection(b *strings.Builder) {
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "## Targets (issue 5)\n\n%s\n", strings.Join(lines, "\n")+"\n")
+	fmt.Fprintf(b, "## Targets\n\n%s\n", strings.Join(lines, "\n")+"\n")
 }
 
 func yesNo(ok bool) string {

@@ -78,9 +78,10 @@ type StreamConfig struct {
 	// socket's SO_RCVLOWAT and wakes when 64 KiB are queued or this
 	// window ends, instead of once per message. The walsender sends
 	// every pgoutput message with its own send(), so at thousands of
-	// transactions per second waking per message cost walcount and the
-	// walsender more CPU than decoding and counting (issue 5). The cost
-	// is up to one window of added latency. Default
+	// transactions per second waking per message costs walcount and the
+	// walsender more CPU than decoding and counting (docs/benchmarks.md
+	// has the measurements). The cost is up to one window of added
+	// latency. Default
 	// DefaultCoalesceWindow; negative reads every message as it arrives.
 	CoalesceWindow time.Duration
 	// Observer receives progress callbacks; nil ignores them.
