@@ -26,7 +26,10 @@ const (
 
 // Buffer is the part of the Redis buffer the aggregator writes.
 type Buffer interface {
-	Apply(ctx context.Context, prev, last cdc.LSN, deltas []counter.Delta) (bool, error)
+	// Apply runs moves on the buffered deltas, adds deltas for the
+	// transactions in (prev, last] and moves the chain to last, in one
+	// atomic step; it reports false for a batch already applied.
+	Apply(ctx context.Context, prev, last cdc.LSN, moves []counter.Move, deltas []counter.Delta) (bool, error)
 }
 
 // Barrierer applies a TRUNCATE barrier; the sink implements it.
@@ -342,7 +345,7 @@ func (a *Aggregator) writePending(ctx context.Context) error {
 	for f, n := range a.pending.all() {
 		a.scratch = append(a.scratch, counter.Delta{Field: f, N: n})
 	}
-	if _, err := a.opt.Buffer.Apply(ctx, a.prev, a.pendingLast, a.scratch); err != nil {
+	if _, err := a.opt.Buffer.Apply(ctx, a.prev, a.pendingLast, nil, a.scratch); err != nil {
 		return err
 	}
 	a.prev = a.pendingLast

@@ -11,7 +11,7 @@ import (
 
 type discardBuffer struct{}
 
-func (discardBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []counter.Delta) (bool, error) {
+func (discardBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []counter.Move, []counter.Delta) (bool, error) {
 	return true, nil
 }
 

@@ -145,7 +145,7 @@ type recorded struct {
 	deltas     map[string]int64
 }
 
-func (r *recordingBuffer) Apply(_ context.Context, prev, last cdc.LSN, ds []counter.Delta) (bool, error) {
+func (r *recordingBuffer) Apply(_ context.Context, prev, last cdc.LSN, _ []counter.Move, ds []counter.Delta) (bool, error) {
 	m := map[string]int64{}
 	for _, d := range ds {
 		m[d.Field] += d.N
@@ -353,7 +353,7 @@ func TestNumericSumErrors(t *testing.T) {
 // countingBuffer counts Apply calls.
 type countingBuffer struct{ calls atomic.Int64 }
 
-func (c *countingBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []counter.Delta) (bool, error) {
+func (c *countingBuffer) Apply(context.Context, cdc.LSN, cdc.LSN, []counter.Move, []counter.Delta) (bool, error) {
 	c.calls.Add(1)
 	return true, nil
 }

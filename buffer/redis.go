@@ -2,6 +2,8 @@ package buffer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -49,35 +51,96 @@ func ParseLSN(s string) (LSN, error) {
 	return LSN(v), nil
 }
 
+// StampField is the field of the buffer and flushing hashes that names
+// the chain they belong to: "<epoch>/<base>", the random epoch of the last
+// Reset and the LSN the hash's deltas start after. A hash that should
+// exist but has no stamp, or another one, was lost (deleted, evicted, or
+// left behind by a failover to a replica that lacks the last writes): the
+// chain is broken, never read as empty (DESIGN rule 13). Counter names
+// cannot start with '~', so no delta field collides with it.
+const StampField = "~"
+
 // applyScript adds a batch of deltas and moves meta.lsn from prev to last,
 // atomically. A batch at or below meta.lsn was already applied and is
 // ignored (a replay); a batch that does not start at meta.lsn would leave
 // a hole and is refused. Rows never share a batch boundary, so this
-// compares whole transactions, never rows (DESIGN §2 rule 5).
+// compares whole transactions, never rows (DESIGN rule 5).
+//
+// Before the batch's deltas, the script runs its directives on what the
+// buffer holds: a pair (field, "") drops the field, a pair (field, other)
+// moves the field's delta to other. The aggregator uses them for a target
+// row that was deleted or changed its key (DESIGN rule 17).
+//
+// KEYS: buffer, meta. ARGV: prev, last, n, n directive pairs, then
+// field/delta pairs.
 var applyScript = redis.NewScript(`
-local lsn = redis.call('HGET', KEYS[2], 'lsn')
-if not lsn then return redis.error_reply('WALCOUNT_CHAIN no meta') end
-if lsn >= ARGV[2] then return 0 end
-if lsn ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN meta.lsn ' .. lsn .. ' is not ' .. ARGV[1]) end
-for i = 3, #ARGV, 2 do
-  if redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i+1]) == 0 then
-    redis.call('HDEL', KEYS[1], ARGV[i])
+local m = redis.call('HMGET', KEYS[2], 'lsn', 'base', 'epoch', 'fupto')
+if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
+if m[1] >= ARGV[2] then return 0 end
+if m[1] ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN meta.lsn ' .. m[1] .. ' is not ' .. ARGV[1]) end
+-- While a flush is in progress the buffer starts where the flush ends.
+local start = m[4] or m[2]
+local stamp = (m[3] or '') .. '/' .. start
+if m[1] ~= start then
+  local have = redis.call('HGET', KEYS[1], '~')
+  if have ~= stamp then
+    return redis.error_reply('WALCOUNT_CHAIN the buffer of ' .. start .. '..' .. m[1] .. ' is lost (stamp ' .. tostring(have) .. ')')
   end
 end
+local i = 4
+for d = 1, tonumber(ARGV[3]) do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    if ARGV[i+1] ~= '' and redis.call('HINCRBY', KEYS[1], ARGV[i+1], v) == 0 then
+      redis.call('HDEL', KEYS[1], ARGV[i+1])
+    end
+  end
+  i = i + 2
+end
+for j = i, #ARGV, 2 do
+  if redis.call('HINCRBY', KEYS[1], ARGV[j], ARGV[j+1]) == 0 then
+    redis.call('HDEL', KEYS[1], ARGV[j])
+  end
+end
+redis.call('HSET', KEYS[1], '~', stamp)
 redis.call('HSET', KEYS[2], 'lsn', ARGV[2])
 return 1
 `)
 
-// handOverScript starts or resumes a flush. With a flush in progress it
-// returns that flush's range (ffrom, fupto) if it starts at W; if it ends
-// at or below W it was already committed and is cleaned up first. Else it
-// renames buffer to flushing and records the range (W, lsn]. It returns
-// an empty list when there is nothing past W (DESIGN §2 rule 6).
+// handOverScript starts or resumes a flush and returns its range and its
+// deltas, read in the same script so that a lost hash can never be read
+// as an empty one (DESIGN rules 6 and 13). With a flush in progress it
+// returns that flush if it starts at W; if it ends at or below W it was
+// already committed and is cleaned up first. Else it renames buffer to
+// flushing and records the range (W, lsn]. It returns an empty list when
+// there is nothing past W.
+//
+// KEYS: buffer, flushing, meta. ARGV: W. Reply: from, upto, then
+// field/delta pairs.
 var handOverScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[3], 'lsn', 'base', 'ffrom', 'fupto')
+local m = redis.call('HMGET', KEYS[3], 'lsn', 'base', 'ffrom', 'fupto', 'epoch')
 if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
+local epoch = m[5] or ''
+local function batch(from, upto)
+  local f = redis.call('HGETALL', KEYS[2])
+  local out = {from, upto}
+  local stamped = false
+  for k = 1, #f, 2 do
+    if f[k] == '~' then
+      stamped = f[k+1] == epoch .. '/' .. from
+    else
+      out[#out+1] = f[k]
+      out[#out+1] = f[k+1]
+    end
+  end
+  if not stamped then
+    return redis.error_reply('WALCOUNT_CHAIN the flushing deltas of ' .. from .. '..' .. upto .. ' are lost')
+  end
+  return out
+end
 if m[4] then
-  if m[3] == ARGV[1] then return {m[3], m[4]} end
+  if m[3] == ARGV[1] then return batch(m[3], m[4]) end
   if m[4] <= ARGV[1] then
     redis.call('DEL', KEYS[2])
     redis.call('HDEL', KEYS[3], 'ffrom', 'fupto')
@@ -89,9 +152,12 @@ if m[4] then
 end
 if m[2] ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN buffer starts at ' .. tostring(m[2]) .. ', checkpoint is ' .. ARGV[1]) end
 if m[1] == ARGV[1] then return {} end
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('RENAME', KEYS[1], KEYS[2]) end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.error_reply('WALCOUNT_CHAIN the buffer of ' .. m[2] .. '..' .. m[1] .. ' is lost')
+end
+redis.call('RENAME', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[3], 'ffrom', ARGV[1], 'fupto', m[1])
-return {ARGV[1], m[1]}
+return batch(ARGV[1], m[1])
 `)
 
 // doneScript ends a flush after its PostgreSQL commit: the flushing hash
@@ -117,6 +183,11 @@ redis.call('HSET', KEYS[2], 'lsn', ARGV[2], 'base', ARGV[2])
 return 1
 `)
 
+// lenScript counts the buffered deltas, stamps left out.
+var lenScript = redis.NewScript(`
+return redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], '~') + redis.call('HLEN', KEYS[2]) - redis.call('HEXISTS', KEYS[2], '~')
+`)
+
 // Meta is the decoded meta hash.
 type Meta struct {
 	// Exists is false when the meta key is missing.
@@ -130,7 +201,18 @@ type Meta struct {
 	// are its range.
 	Flushing   bool
 	From, Upto LSN
+	// History names the server history the chain was written against
+	// (see Reset); empty for a chain of an older walcount.
+	History string
 }
+
+// Batch is a flush handed over: the deltas of the transactions in
+// (From, Upto], field → delta.
+type Batch struct {
+	From, Upto LSN
+	Deltas     map[string]int64
+}
+
 
 // Redis is walcount's buffer for one slot, kept in Redis. It is safe for
 // concurrent use; the protocol itself assumes one walcount per slot.
@@ -163,11 +245,17 @@ func chainErr(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
-// Apply adds deltas for the transactions in (prev, last] and moves
-// meta.lsn to last. It reports false when the batch was already applied.
-func (b *Redis) Apply(ctx context.Context, prev, last LSN, deltas []counter.Delta) (bool, error) {
-	args := make([]any, 0, 2+2*len(deltas))
-	args = append(args, FormatLSN(prev), FormatLSN(last))
+// Apply runs the moves on the buffered deltas, adds the deltas for
+// the transactions in (prev, last] and moves meta.lsn to last, in one
+// script. It reports false when the batch was already applied, and fails
+// with ErrChainBroken when the chain does not continue at prev or a key it
+// needs was lost.
+func (b *Redis) Apply(ctx context.Context, prev, last LSN, moves []counter.Move, deltas []counter.Delta) (bool, error) {
+	args := make([]any, 0, 3+2*len(moves)+2*len(deltas))
+	args = append(args, FormatLSN(prev), FormatLSN(last), len(moves))
+	for _, m := range moves {
+		args = append(args, m.Field, m.To)
+	}
 	for _, d := range deltas {
 		if d.N != 0 {
 			args = append(args, d.Field, d.N)
@@ -180,32 +268,34 @@ func (b *Redis) Apply(ctx context.Context, prev, last LSN, deltas []counter.Delt
 	return n == 1, nil
 }
 
-// HandOver starts or resumes a flush from w. It returns the range of the
-// flush, or ok == false when nothing lies past w.
-func (b *Redis) HandOver(ctx context.Context, w LSN) (from, upto LSN, ok bool, err error) {
+// HandOver starts or resumes a flush from w and returns it, or ok ==
+// false when nothing lies past w.
+func (b *Redis) HandOver(ctx context.Context, w LSN) (batch Batch, ok bool, err error) {
 	res, err := handOverScript.Run(ctx, b.rdb, b.keys.All(), FormatLSN(w)).StringSlice()
 	if err != nil {
-		return 0, 0, false, chainErr("hand over redis buffer", err)
+		return Batch{}, false, chainErr("hand over redis buffer", err)
 	}
 	if len(res) == 0 {
-		return 0, 0, false, nil
+		return Batch{}, false, nil
 	}
-	if from, err = ParseLSN(res[0]); err != nil {
-		return 0, 0, false, err
+	if len(res)%2 != 0 {
+		return Batch{}, false, fmt.Errorf("hand over redis buffer: odd reply of %d values", len(res))
 	}
-	if upto, err = ParseLSN(res[1]); err != nil {
-		return 0, 0, false, err
+	if batch.From, err = ParseLSN(res[0]); err != nil {
+		return Batch{}, false, err
 	}
-	return from, upto, true, nil
-}
-
-// Flushing reads the deltas being flushed.
-func (b *Redis) Flushing(ctx context.Context) (map[string]string, error) {
-	m, err := b.rdb.HGetAll(ctx, b.keys.Flushing).Result()
-	if err != nil {
-		return nil, fmt.Errorf("read flushing deltas: %w", err)
+	if batch.Upto, err = ParseLSN(res[1]); err != nil {
+		return Batch{}, false, err
 	}
-	return m, nil
+	batch.Deltas = make(map[string]int64, len(res)/2-1)
+	for i := 2; i < len(res); i += 2 {
+		n, err := strconv.ParseInt(res[i+1], 10, 64)
+		if err != nil {
+			return Batch{}, false, fmt.Errorf("hand over redis buffer: field %q: %w", res[i], err)
+		}
+		batch.Deltas[res[i]] = n
+	}
+	return batch, true, nil
 }
 
 // Done ends the flush of (from, upto] after its PostgreSQL commit.
@@ -223,7 +313,7 @@ func (b *Redis) Advance(ctx context.Context, w, next LSN) error {
 
 // Meta reads the meta hash.
 func (b *Redis) Meta(ctx context.Context) (Meta, error) {
-	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto").Result()
+	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto", "hist").Result()
 	if err != nil {
 		return Meta{}, fmt.Errorf("read redis meta: %w", err)
 	}
@@ -250,14 +340,20 @@ func (b *Redis) Meta(ctx context.Context) (Meta, error) {
 		return m, err
 	}
 	m.Flushing = ok
+	m.History, _ = vals[4].(string)
 	return m, nil
 }
 
-// Reset wipes the slot's keys and starts an empty chain at w.
-func (b *Redis) Reset(ctx context.Context, w LSN) error {
+// Reset wipes the slot's keys and starts an empty chain at w, written
+// against history (the server's system identifier and timeline, which a
+// later session compares). Each reset draws a new epoch, so a hash left
+// over from an earlier chain can never pass for part of this one.
+func (b *Redis) Reset(ctx context.Context, w LSN, history string) error {
+	var e [8]byte
+	_, _ = rand.Read(e[:]) // crypto/rand.Read never fails
 	_, err := b.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, b.keys.All()...)
-		p.HSet(ctx, b.keys.Meta, "lsn", FormatLSN(w), "base", FormatLSN(w))
+		p.HSet(ctx, b.keys.Meta, "lsn", FormatLSN(w), "base", FormatLSN(w), "epoch", hex.EncodeToString(e[:]), "hist", history)
 		return nil
 	})
 	if err != nil {
@@ -268,16 +364,11 @@ func (b *Redis) Reset(ctx context.Context, w LSN) error {
 
 // Len returns the number of buffered keys (buffer and flushing).
 func (b *Redis) Len(ctx context.Context) (int64, error) {
-	var a, f *redis.IntCmd
-	_, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		a = p.HLen(ctx, b.keys.Buffer)
-		f = p.HLen(ctx, b.keys.Flushing)
-		return nil
-	})
+	n, err := lenScript.Run(ctx, b.rdb, []string{b.keys.Buffer, b.keys.Flushing}).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("count buffered keys: %w", err)
 	}
-	return a.Val() + f.Val(), nil
+	return n, nil
 }
 
 // Drop deletes the slot's keys (teardown).

@@ -105,6 +105,8 @@ type Stream struct {
 	cfg  StreamConfig
 	log  *zap.Logger
 	conn *pgconn.PgConn
+	// history is "<system identifier>/<timeline>" of the server.
+	history string
 	out  chan *Batch
 	pool sync.Pool
 
@@ -158,6 +160,14 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect for replication: %w", err)
 	}
+	// The server's system identifier and timeline name the history the
+	// stream belongs to; after a failover or a restore the same LSNs may
+	// hold other transactions (DESIGN rule 13).
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("identify system: %w", err)
+	}
 	args := []string{
 		"proto_version '1'",
 		"publication_names " + quoteLiteral(cfg.Publication),
@@ -179,9 +189,10 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 		return nil, fmt.Errorf("start replication on slot %q: %w", cfg.Slot, err)
 	}
 	s := &Stream{
-		cfg:  cfg,
-		log:  cfg.Logger,
-		conn: conn,
+		cfg:     cfg,
+		log:     cfg.Logger,
+		conn:    conn,
+		history: fmt.Sprintf("%s/%d", sys.SystemID, sys.Timeline),
 		out:  make(chan *Batch, cfg.QueueSize),
 
 		released: make(chan struct{}, 1),
@@ -190,6 +201,12 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	s.recv.Store(uint64(cfg.StartLSN))
 	return s, nil
 }
+
+// History returns "<system identifier>/<timeline>": the server history
+// the stream reads, from IDENTIFY_SYSTEM. A promoted standby keeps the
+// system identifier and starts a new timeline; a restored backup or
+// another cluster has another identifier.
+func (s *Stream) History() string { return s.history }
 
 // Batches is the stream's output. It is closed when Run returns.
 func (s *Stream) Batches() <-chan *Batch { return s.out }

@@ -77,6 +77,13 @@ type Delta struct {
 	N     int64
 }
 
+// Move changes deltas already buffered, before later ones are added: the
+// delta of Field moves to To, or is dropped when To is empty. The
+// aggregator uses it when a target row is deleted or changes its key.
+type Move struct {
+	Field, To string
+}
+
 // Field is the buffer field of a counter's key.
 func Field(counter, key string) string { return counter + ":" + key }
 

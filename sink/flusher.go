@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/failpoint"
@@ -37,13 +38,11 @@ var (
 // of everything buffered past W, and the two ways a flush ends (DESIGN
 // rules 6 and 7). buffer.Redis implements it.
 type Buffer interface {
-	// HandOver starts or resumes a flush from w and returns its range
-	// (from, upto]; ok is false when nothing lies past w. It fails with an
-	// error wrapping buffer.ErrChainBroken when the buffer does not start
-	// at w.
-	HandOver(ctx context.Context, w cdc.LSN) (from, upto cdc.LSN, ok bool, err error)
-	// Flushing reads the deltas being flushed, field → delta.
-	Flushing(ctx context.Context) (map[string]string, error)
+	// HandOver starts or resumes a flush from w and returns it, its
+	// deltas read atomically with the hand-over; ok is false when nothing
+	// lies past w. It fails with an error wrapping buffer.ErrChainBroken
+	// when the buffer does not start at w or a key it needs was lost.
+	HandOver(ctx context.Context, w cdc.LSN) (b buffer.Batch, ok bool, err error)
 	// Done ends the flush of (from, upto] after its PostgreSQL commit.
 	Done(ctx context.Context, from, upto cdc.LSN) error
 	// Advance moves an empty chain from w to next, which PostgreSQL
@@ -198,14 +197,11 @@ func (f *Flusher) Flush(ctx context.Context) (bool, error) {
 
 func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 	start := time.Now()
-	from, upto, ok, err := f.opt.Buffer.HandOver(ctx, f.w)
+	hb, ok, err := f.opt.Buffer.HandOver(ctx, f.w)
 	if err != nil || !ok {
 		return false, err
 	}
-	fields, err := f.opt.Buffer.Flushing(ctx)
-	if err != nil {
-		return false, err
-	}
+	from, upto, fields := hb.From, hb.Upto, hb.Deltas
 	batches, err := f.group(fields)
 	if err != nil {
 		return false, err
@@ -255,16 +251,12 @@ type counterBatch struct {
 }
 
 // group splits buffer fields by counter and sorts each counter's keys.
-func (f *Flusher) group(fields map[string]string) ([]*counterBatch, error) {
+func (f *Flusher) group(fields map[string]int64) ([]*counterBatch, error) {
 	by := make(map[string]*counterBatch)
-	for field, v := range fields {
+	for field, n := range fields {
 		name, key, ok := counter.SplitField(field)
 		if !ok {
 			return nil, fmt.Errorf("group deltas: malformed buffer field %q", field)
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("group deltas: field %q: %w", field, err)
 		}
 		if n == 0 {
 			continue
@@ -403,9 +395,9 @@ func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, delt
 			resets = append(resets, t)
 		}
 	}
-	fields := make(map[string]string, len(deltas))
+	fields := make(map[string]int64, len(deltas))
 	for _, d := range deltas {
-		fields[d.Field] = strconv.FormatInt(d.N, 10)
+		fields[d.Field] += d.N
 	}
 	batches, err := f.group(fields)
 	if err != nil {

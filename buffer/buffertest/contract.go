@@ -34,6 +34,11 @@ func Run(t *testing.T, client Client) {
 		{"HandOverAfterCommitBeforeDone", handOverAfterCommitBeforeDone},
 		{"HandOverDetectsForeignChain", handOverDetectsForeignChain},
 		{"Advance", advance},
+		{"LostBufferIsDetected", lostBufferIsDetected},
+		{"LostFlushingIsDetected", lostFlushingIsDetected},
+		{"StaleHashOfAnEarlierChain", staleHashOfAnEarlierChain},
+		{"MovesRunBeforeTheBatch", movesRunBeforeTheBatch},
+		{"EmptyDeltasStillStamp", emptyDeltasStillStamp},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,33 +53,34 @@ func Run(t *testing.T, client Client) {
 
 func applyIsIdempotentAndChained(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	if _, err := b.Apply(ctx, 10, 20, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
+	if _, err := b.Apply(ctx, 10, 20, nil, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
 		t.Fatalf("apply without meta: err = %v, want buffer.ErrChainBroken", err)
 	}
-	if err := b.Reset(ctx, 10); err != nil {
+	if err := b.Reset(ctx, 10, "history"); err != nil {
 		t.Fatal(err)
 	}
-	ok, err := b.Apply(ctx, 10, 20, []counter.Delta{{Field: "c:1", N: 2}, {Field: "c:2", N: 1}})
+	ok, err := b.Apply(ctx, 10, 20, nil, []counter.Delta{{Field: "c:1", N: 2}, {Field: "c:2", N: 1}})
 	if err != nil || !ok {
 		t.Fatalf("first apply: %v, %v", ok, err)
 	}
 	// The same batch again (a retried call) changes nothing.
-	ok, err = b.Apply(ctx, 10, 20, []counter.Delta{{Field: "c:1", N: 2}, {Field: "c:2", N: 1}})
+	ok, err = b.Apply(ctx, 10, 20, nil, []counter.Delta{{Field: "c:1", N: 2}, {Field: "c:2", N: 1}})
 	if err != nil || ok {
 		t.Fatalf("replayed apply: ok=%v err=%v; want ignored", ok, err)
 	}
 	// A batch that leaves a hole is refused.
-	if _, err := b.Apply(ctx, 25, 30, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
+	if _, err := b.Apply(ctx, 25, 30, nil, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
 		t.Fatalf("apply with a gap: err = %v, want buffer.ErrChainBroken", err)
 	}
 	// Deltas that cancel out remove the field.
-	if _, err := b.Apply(ctx, 20, 30, []counter.Delta{{Field: "c:2", N: -1}}); err != nil {
+	if _, err := b.Apply(ctx, 20, 30, nil, []counter.Delta{{Field: "c:2", N: -1}}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := rdb.HGetAll(ctx, b.Keys().Buffer).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
+	delete(got, buffer.StampField)
 	if len(got) != 1 || got["c:1"] != "2" {
 		t.Fatalf("buffer = %v, want c:1=2 only", got)
 	}
@@ -86,31 +92,27 @@ func applyIsIdempotentAndChained(t *testing.T, b *buffer.Redis, rdb redis.Univer
 
 func handOverResumeAndDone(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	if err := b.Reset(ctx, 100); err != nil {
+	if err := b.Reset(ctx, 100, "history"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, ok, err := b.HandOver(ctx, 100); err != nil || ok {
+	if _, ok, err := b.HandOver(ctx, 100); err != nil || ok {
 		t.Fatalf("empty hand-over: ok=%v err=%v", ok, err)
 	}
-	if _, err := b.Apply(ctx, 100, 200, []counter.Delta{{Field: "c:1", N: 5}}); err != nil {
+	if _, err := b.Apply(ctx, 100, 200, nil, []counter.Delta{{Field: "c:1", N: 5}}); err != nil {
 		t.Fatal(err)
 	}
-	from, upto, ok, err := b.HandOver(ctx, 100)
-	if err != nil || !ok || from != 100 || upto != 200 {
-		t.Fatalf("hand-over = %s %s %v %v", from, upto, ok, err)
+	got, ok, err := b.HandOver(ctx, 100)
+	if err != nil || !ok || got.From != 100 || got.Upto != 200 || got.Deltas["c:1"] != 5 || len(got.Deltas) != 1 {
+		t.Fatalf("hand-over = %+v %v %v", got, ok, err)
 	}
 	// New deltas go to a new buffer while the flush is in progress.
-	if _, err := b.Apply(ctx, 200, 300, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+	if _, err := b.Apply(ctx, 200, 300, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	// A second hand-over (a retry after a crash) resumes the same range.
-	from2, upto2, ok, err := b.HandOver(ctx, 100)
-	if err != nil || !ok || from2 != 100 || upto2 != 200 {
-		t.Fatalf("resumed hand-over = %s %s %v %v", from2, upto2, ok, err)
-	}
-	fl, err := b.Flushing(ctx)
-	if err != nil || fl["c:1"] != "5" {
-		t.Fatalf("flushing = %v, %v", fl, err)
+	again, ok, err := b.HandOver(ctx, 100)
+	if err != nil || !ok || again.From != 100 || again.Upto != 200 || again.Deltas["c:1"] != 5 {
+		t.Fatalf("resumed hand-over = %+v %v %v", again, ok, err)
 	}
 	if err := b.Done(ctx, 100, 200); err != nil {
 		t.Fatal(err)
@@ -118,57 +120,56 @@ func handOverResumeAndDone(t *testing.T, b *buffer.Redis, rdb redis.UniversalCli
 	if n, _ := rdb.Exists(ctx, b.Keys().Flushing).Result(); n != 0 {
 		t.Fatal("flushing still exists after Done")
 	}
-	from, upto, ok, err = b.HandOver(ctx, 200)
-	if err != nil || !ok || from != 200 || upto != 300 {
-		t.Fatalf("next hand-over = %s %s %v %v", from, upto, ok, err)
+	next, ok, err := b.HandOver(ctx, 200)
+	if err != nil || !ok || next.From != 200 || next.Upto != 300 {
+		t.Fatalf("next hand-over = %+v %v %v", next, ok, err)
 	}
 }
 
 func handOverAfterCommitBeforeDone(t *testing.T, b *buffer.Redis, _ redis.UniversalClient) {
 	ctx := context.Background()
-	if err := b.Reset(ctx, 100); err != nil {
+	if err := b.Reset(ctx, 100, "history"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Apply(ctx, 100, 200, []counter.Delta{{Field: "c:1", N: 5}}); err != nil {
+	if _, err := b.Apply(ctx, 100, 200, nil, []counter.Delta{{Field: "c:1", N: 5}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := b.HandOver(ctx, 100); err != nil {
+	if _, _, err := b.HandOver(ctx, 100); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Apply(ctx, 200, 300, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+	if _, err := b.Apply(ctx, 200, 300, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	// PostgreSQL committed (W = 200) but DEL flushing never ran: the
 	// next hand-over from W discards the applied batch and goes on.
-	from, upto, ok, err := b.HandOver(ctx, 200)
-	if err != nil || !ok || from != 200 || upto != 300 {
-		t.Fatalf("hand-over = %s %s %v %v", from, upto, ok, err)
+	got, ok, err := b.HandOver(ctx, 200)
+	if err != nil || !ok || got.From != 200 || got.Upto != 300 {
+		t.Fatalf("hand-over = %+v %v %v", got, ok, err)
 	}
-	fl, _ := b.Flushing(ctx)
-	if fl["c:1"] != "1" {
-		t.Fatalf("flushing = %v, want only the new batch", fl)
+	if got.Deltas["c:1"] != 1 {
+		t.Fatalf("flushing = %v, want only the new batch", got.Deltas)
 	}
 }
 
 func handOverDetectsForeignChain(t *testing.T, b *buffer.Redis, _ redis.UniversalClient) {
 	ctx := context.Background()
-	if _, _, _, err := b.HandOver(ctx, 100); !errors.Is(err, buffer.ErrChainBroken) {
+	if _, _, err := b.HandOver(ctx, 100); !errors.Is(err, buffer.ErrChainBroken) {
 		t.Fatalf("no meta: err = %v", err)
 	}
-	if err := b.Reset(ctx, 50); err != nil {
+	if err := b.Reset(ctx, 50, "history"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Apply(ctx, 50, 80, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+	if _, err := b.Apply(ctx, 50, 80, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := b.HandOver(ctx, 100); !errors.Is(err, buffer.ErrChainBroken) {
+	if _, _, err := b.HandOver(ctx, 100); !errors.Is(err, buffer.ErrChainBroken) {
 		t.Fatalf("buffer starting before W: err = %v, want buffer.ErrChainBroken", err)
 	}
 }
 
 func advance(t *testing.T, b *buffer.Redis, _ redis.UniversalClient) {
 	ctx := context.Background()
-	if err := b.Reset(ctx, 10); err != nil {
+	if err := b.Reset(ctx, 10, "history"); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Advance(ctx, 10, 40); err != nil {
@@ -177,10 +178,132 @@ func advance(t *testing.T, b *buffer.Redis, _ redis.UniversalClient) {
 	if m, _ := b.Meta(ctx); m.LSN != 40 || m.Base != 40 {
 		t.Fatalf("meta = %+v", m)
 	}
-	if _, err := b.Apply(ctx, 40, 50, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+	if _, err := b.Apply(ctx, 40, 50, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Advance(ctx, 50, 60); !errors.Is(err, buffer.ErrChainBroken) {
 		t.Fatalf("advance over a non-empty buffer: err = %v", err)
+	}
+}
+
+// lostBufferIsDetected: a deleted buffer hash is a loss, whether the next
+// write or the next hand-over meets it; HINCRBY must not quietly recreate
+// it and a hand-over must not read it as empty (DESIGN rule 13).
+func lostBufferIsDetected(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 10, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 10, 20, nil, []counter.Delta{{Field: "c:1", N: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, b.Keys().Buffer).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 20, 30, nil, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
+		t.Fatalf("apply after the buffer was deleted: err = %v, want ErrChainBroken", err)
+	}
+	if _, _, err := b.HandOver(ctx, 10); !errors.Is(err, buffer.ErrChainBroken) {
+		t.Fatalf("hand-over after the buffer was deleted: err = %v, want ErrChainBroken", err)
+	}
+}
+
+// lostFlushingIsDetected: a flush in progress whose hash is gone cannot
+// be resumed as an empty one, which would move W past its deltas.
+func lostFlushingIsDetected(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 10, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 10, 20, nil, []counter.Delta{{Field: "c:1", N: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.HandOver(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, b.Keys().Flushing).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.HandOver(ctx, 10); !errors.Is(err, buffer.ErrChainBroken) {
+		t.Fatalf("resumed hand-over of a deleted flushing hash: err = %v, want ErrChainBroken", err)
+	}
+}
+
+// staleHashOfAnEarlierChain: after a reset, a buffer hash of the earlier
+// chain (put back by a failover to an old replica, say) does not pass for
+// this chain's, even at the same LSNs.
+func staleHashOfAnEarlierChain(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 10, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 10, 20, nil, []counter.Delta{{Field: "c:1", N: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	old, err := rdb.HGetAll(ctx, b.Keys().Buffer).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Reset(ctx, 10, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, b.Keys().Buffer, old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, b.Keys().Meta, "lsn", buffer.FormatLSN(20)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.HandOver(ctx, 10); !errors.Is(err, buffer.ErrChainBroken) {
+		t.Fatalf("hand-over of an earlier chain's hash: err = %v, want ErrChainBroken", err)
+	}
+}
+
+// movesRunBeforeTheBatch: a move takes a buffered delta to another field
+// and a drop removes it, before the batch's own deltas are added.
+func movesRunBeforeTheBatch(t *testing.T, b *buffer.Redis, _ redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 10, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 10, 20, nil, []counter.Delta{{Field: "c:1", N: 4}, {Field: "c:2", N: 6}, {Field: "c:3", N: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	moves := []counter.Move{{Field: "c:1", To: ""}, {Field: "c:2", To: "c:20"}, {Field: "c:3", To: "c:30"}, {Field: "c:9", To: "c:90"}}
+	if _, err := b.Apply(ctx, 20, 30, moves, []counter.Delta{{Field: "c:1", N: 2}, {Field: "c:30", N: -1}}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := b.HandOver(ctx, 10)
+	if err != nil || !ok {
+		t.Fatalf("hand-over: %v %v", ok, err)
+	}
+	want := map[string]int64{"c:1": 2, "c:20": 6}
+	if len(got.Deltas) != len(want) || got.Deltas["c:1"] != 2 || got.Deltas["c:20"] != 6 {
+		t.Fatalf("deltas = %v, want %v", got.Deltas, want)
+	}
+}
+
+// emptyDeltasStillStamp: a batch whose deltas cancel out (or a heartbeat
+// with none) still moves the chain, and the hand-over that follows is an
+// empty flush, not a loss.
+func emptyDeltasStillStamp(t *testing.T, b *buffer.Redis, _ redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 10, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 10, 20, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 20, 30, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 30, 40, nil, []counter.Delta{{Field: "c:1", N: -1}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.Len(ctx); err != nil || n != 0 {
+		t.Fatalf("Len = %d, %v; want 0 (the stamp is not a delta)", n, err)
+	}
+	got, ok, err := b.HandOver(ctx, 10)
+	if err != nil || !ok || got.Upto != 40 || len(got.Deltas) != 0 {
+		t.Fatalf("hand-over = %+v %v %v; want an empty flush up to 0/28", got, ok, err)
 	}
 }

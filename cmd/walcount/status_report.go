@@ -30,6 +30,7 @@ type statusReport struct {
 	BufferKeys      *int64             `json:"buffer_keys,omitempty"`
 	FlushInProgress bool               `json:"flush_in_progress"`
 	RedisError      string             `json:"redis_error,omitempty"`
+	RedisEviction   string             `json:"redis_eviction,omitempty"`
 	Daemon          json.RawMessage    `json:"daemon,omitempty"`
 	DaemonError     string             `json:"daemon_error,omitempty"`
 	Warnings        []string           `json:"warnings,omitempty"`
@@ -66,6 +67,9 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 			if n, err := buf.Len(ctx); err == nil {
 				r.BufferKeys = &n
 			}
+		}
+		if ev, err := buffer.ReadEviction(ctx, rdb); err == nil && ev.Risky() {
+			r.RedisEviction = ev.String() + "; fix: " + buffer.EvictionFix
 		}
 	}
 	if cfg.HTTPAddr != "" {
@@ -123,6 +127,9 @@ func statusWarnings(r statusReport) []string {
 	}
 	if s.WALStatus == monitor.WALUnreserved {
 		w = append(w, "wal_status is unreserved: the slot is about to lose WAL it needs; catch up now or raise max_slot_wal_keep_size")
+	}
+	if r.RedisEviction != "" {
+		w = append(w, "redis: "+r.RedisEviction)
 	}
 	return w
 }

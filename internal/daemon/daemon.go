@@ -99,6 +99,9 @@ type daemonState struct {
 	// progress is what the daemon last saw of W and the stream (see
 	// status.go), kept across sessions.
 	progress progress
+	// redisEviction says why Redis may evict walcount's keys; empty when
+	// it may not, or when its settings cannot be read.
+	redisEviction string
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.

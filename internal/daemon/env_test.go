@@ -37,6 +37,8 @@ type env struct {
 	redis *servers.Redis
 	db    *pgxpool.Pool
 	cfg   config.Config
+	// last is the daemon start returned last.
+	last *running
 }
 
 func newEnv(t testing.TB) *env {
@@ -122,6 +124,7 @@ func (e *env) start(opts ...daemonOpt) *running {
 		d.Close()
 	}()
 	e.t.Cleanup(func() { r.cancel(); <-r.done })
+	e.last = r
 	return r
 }
 

@@ -97,7 +97,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	// (tests replaying from the slot's position): ack = W (DESIGN rule 3).
 	flusher.SetAck(stream.Ack)
 	stream.Ack(flusher.W())
-	if s.start, err = d.recover(ctx, flusher); err != nil {
+	if s.start, err = d.recover(ctx, flusher, stream.History()); err != nil {
 		s.closeStream()
 		return nil, err
 	}
@@ -198,18 +198,29 @@ func (s *liveSession) finalFlush(ctx context.Context) {
 	d.log.Info("final flush done", zap.String("checkpoint", s.flusher.W().String()))
 }
 
-// recover makes Redis continue W (DESIGN §4): a missing or foreign chain
-// is reset to an empty one at W; an unfinished flush is resumed or, when
-// it was already committed, discarded. It returns the end LSN of the last
-// transaction Redis or PostgreSQL holds: streaming skips up to it.
-func (d *Daemon) recover(ctx context.Context, f *sink.Flusher) (cdc.LSN, error) {
+// recover makes Redis continue W (DESIGN §4): a missing chain, or one
+// written against another server history, is reset to an empty one at W;
+// an unfinished flush is resumed or, when it was already committed,
+// discarded. It returns the end LSN of the last transaction Redis or
+// PostgreSQL holds: streaming skips up to it.
+func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (cdc.LSN, error) {
 	meta, err := d.buf.Meta(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if !meta.Exists {
+	switch {
+	case !meta.Exists:
 		d.log.Info("no buffer in redis; starting an empty one at the checkpoint", zap.String(logLSN, f.W().String()))
-		if err := d.buf.Reset(ctx, f.W()); err != nil {
+		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
+			return 0, err
+		}
+	case meta.History != history:
+		// A failover, a restored backup or another cluster: the same
+		// LSNs may hold other transactions, so nothing buffered can be
+		// trusted. Nothing past W was acknowledged: replay from W.
+		d.log.Warn("redis buffer was written against another server history; discarding it and replaying from the checkpoint",
+			zap.String("buffer_history", meta.History), zap.String("server_history", history), zap.String(logLSN, f.W().String()))
+		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
 	}
@@ -221,7 +232,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher) (cdc.LSN, error) 
 		// acknowledged, so the slot still has it: replay from W.
 		d.log.Warn("redis buffer does not continue the checkpoint; resetting it and replaying from the checkpoint",
 			zap.Error(err), zap.String(logLSN, f.W().String()))
-		if err := d.buf.Reset(ctx, f.W()); err != nil {
+		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/monitor"
@@ -21,6 +22,9 @@ const (
 	// event updates: walcount_checkpoint_age_seconds, walcount_buffer_keys
 	// and walcount_queue_depth. /status refreshes them too.
 	MetricsInterval = time.Second
+	// EvictionCheckInterval is how often the daemon reads Redis's
+	// maxmemory settings.
+	EvictionCheckInterval = 30 * time.Second
 	// sampleTimeout bounds each read of Redis or PostgreSQL made to refresh
 	// those metrics, so that a hung server delays neither the ticker nor
 	// /status by more than that.
@@ -56,9 +60,12 @@ type Status struct {
 	Failures     int        `json:"consecutive_failures"`
 	// Counters lists the configured counters with what this process has
 	// done for each since it started.
-	Counters   []CounterStatus     `json:"counters"`
-	SlotStatus *monitor.SlotStatus `json:"slot_status,omitempty"`
-	Reconcile  any                 `json:"reconcile,omitempty"`
+	Counters []CounterStatus `json:"counters"`
+	// RedisEviction says why Redis may evict walcount's keys, with the
+	// fix; absent when it may not.
+	RedisEviction string              `json:"redis_eviction,omitempty"`
+	SlotStatus    *monitor.SlotStatus `json:"slot_status,omitempty"`
+	Reconcile     any                 `json:"reconcile,omitempty"`
 }
 
 // CounterStatus is one counter in /status. The numbers count from the start
@@ -108,9 +115,14 @@ func (d *Daemon) observe(ctx context.Context) {
 	t := time.NewTicker(MetricsInterval)
 	defer t.Stop()
 	keepChecked := false
+	var evictionAt time.Time
 	for {
 		if !keepChecked {
 			keepChecked = d.checkWALKeepSize(ctx)
+		}
+		if time.Since(evictionAt) >= EvictionCheckInterval {
+			evictionAt = time.Now()
+			d.checkEviction(ctx)
 		}
 		s := d.sample(ctx)
 		d.mu.Lock()
@@ -146,6 +158,29 @@ func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
 	d.log.Info("max_slot_wal_keep_size limits the WAL the slot may keep; past it the slot is lost",
 		zap.Int64("max_slot_wal_keep_size_bytes", keep))
 	return true
+}
+
+// checkEviction reads Redis's maxmemory settings and warns once each time
+// they come to allow evicting walcount's keys (walcount detects a lost key
+// and replays, but a Redis that keeps evicting keeps W from moving).
+func (d *Daemon) checkEviction(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	ev, err := buffer.ReadEviction(rctx, d.rdb)
+	if err != nil {
+		return
+	}
+	msg := ""
+	if ev.Risky() {
+		msg = ev.String() + "; fix: " + buffer.EvictionFix
+	}
+	d.mu.Lock()
+	changed := msg != d.state.redisEviction
+	d.state.redisEviction = msg
+	d.mu.Unlock()
+	if changed && msg != "" {
+		d.log.Warn("redis may evict walcount's keys", zap.String("redis_eviction", msg))
+	}
 }
 
 // sample brings the daemon's progress up to date and exports
@@ -212,6 +247,7 @@ func (d *Daemon) readCheckpoint(ctx context.Context, p progress) progress {
 // Status returns the daemon's current view. It also refreshes the sampled
 // metrics, so a scrape right after a /status request sees the same figures.
 func (d *Daemon) Status(ctx context.Context) Status {
+	d.checkEviction(ctx)
 	smp := d.sample(ctx)
 	st, p := smp.st, smp.p
 	s := Status{
@@ -222,6 +258,7 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		Failures:       st.failures,
 		BufferKeys:     smp.bufferKeys,
 		QueueDepth:     smp.queueDepth,
+		RedisEviction:  st.redisEviction,
 	}
 	s.Reconcile = d.rec.Status()
 	for _, c := range d.cfg.Counters {

@@ -585,6 +585,21 @@ func TestRedis(t *testing.T) {
 		want(t, findings, preflight.CheckRedisWritable, preflight.OK, "accepts writes")
 		want(t, findings, preflight.CheckRedisEviction, preflight.Warning, "maxmemory-policy allkeys-lru")
 	})
+	t.Run("evicting policy with a limit", func(t *testing.T) {
+		r := testenv.Redis(t)
+		client := redis.NewClient(&redis.Options{Addr: r.Addr()})
+		defer client.Close()
+		for _, kv := range [][2]string{{"maxmemory", "100mb"}, {"maxmemory-policy", "volatile-lru"}} {
+			if err := client.ConfigSet(context.Background(), kv[0], kv[1]).Err(); err != nil {
+				t.Fatalf("CONFIG SET: %v", err)
+			}
+		}
+		f := newFixture(t, goodSchema)
+		f.cfg.RedisURL = r.URL()
+		findings := run(t, f.cfg)
+		p := want(t, findings, preflight.CheckRedisEviction, preflight.Problem, "maxmemory-policy volatile-lru with maxmemory 104857600 bytes")
+		wantFix(t, p, "CONFIG SET maxmemory-policy noeviction (and the same in redis.conf), or give walcount a Redis of its own")
+	})
 	t.Run("read-only replica", func(t *testing.T) {
 		r := testenv.Redis(t)
 		client := redis.NewClient(&redis.Options{Addr: r.Addr()})

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/buffer"
 )
 
 // redisTimeout bounds each Redis check: an address that drops packets must
@@ -62,14 +64,19 @@ func (r *run) checkRedis() {
 	r.ok(CheckRedisWritable, fmt.Sprintf("Redis at %s accepts writes", addr))
 
 	// Managed Redis services often disable CONFIG; then nothing is said.
-	cfg, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
+	ev, err := buffer.ReadEviction(ctx, client)
 	if err != nil {
-		r.log.Debug("cannot read Redis maxmemory-policy")
+		r.log.Debug("cannot read Redis maxmemory settings", zap.Error(err))
 		return
 	}
-	if policy := cfg["maxmemory-policy"]; strings.HasPrefix(policy, "allkeys-") {
-		r.warn(CheckRedisEviction,
-			fmt.Sprintf("Redis at %s evicts any key under memory pressure (maxmemory-policy %s): walcount's buffer would be dropped and replayed from the slot", addr, policy),
-			"CONFIG SET maxmemory-policy noeviction (and the same in redis.conf)")
+	switch {
+	case ev.Risky() && ev.Limited():
+		// Every eviction of a walcount key costs a replay from W, and a
+		// Redis that keeps evicting keeps walcount from moving W at all.
+		r.problem(CheckRedisEviction, fmt.Sprintf("Redis at %s: %s", addr, ev), buffer.EvictionFix)
+	case ev.Risky():
+		r.warn(CheckRedisEviction, fmt.Sprintf("Redis at %s: %s", addr, ev), buffer.EvictionFix)
+	default:
+		r.ok(CheckRedisEviction, fmt.Sprintf("Redis at %s: %s", addr, ev))
 	}
 }
