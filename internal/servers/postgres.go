@@ -80,6 +80,13 @@ type PostgresOptions struct {
 	Settings map[string]string
 	// Logger receives start and stop events. nil means no logging.
 	Logger *zap.Logger
+	// TLS, when set, turns TLS on with the server certificate and key of
+	// these files (made by MakeTLSFiles) and its CA as ssl_ca_file, and makes
+	// every TCP connection use TLS: pg_hba.conf then has hostssl lines only,
+	// and URL returns sslmode=verify-full URLs that trust TLS.CAFile. The
+	// files are copied into the data directory, owned by the server's user,
+	// because PostgreSQL refuses a key that another user owns or can read.
+	TLS *TLSFiles
 }
 
 // DefaultPostgresSettings returns the settings every cluster starts with,
@@ -106,7 +113,11 @@ func DefaultPostgresSettings() map[string]string {
 // safe for concurrent use; Stop, Start and Close serialise.
 type Postgres struct {
 	binDir     string
-	base       string // holds data/, the log file and the socket
+	major      int               // major version of the binaries
+	settings   map[string]string // what walcount.conf holds, socket directory included
+	tls        *TLSFiles         // the caller's files, for URL; nil without TLS
+	standby    *standbyInfo      // nil unless made by StartStandby
+	base       string            // holds data/, the log file and the socket
 	dataDir    string
 	logPath    string
 	socketDir  string
@@ -131,15 +142,16 @@ func StartPostgres(ctx context.Context, opt PostgresOptions) (_ *Postgres, err e
 		}
 		settings[k] = v
 	}
-	binDir, err := FindPostgresBin()
+	bin, err := SelectPostgres()
 	if err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
+	binDir := bin.Dir
 	id, err := postgresIdentity()
 	if err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	p := &Postgres{binDir: binDir, id: id, port: opt.Port, logger: opt.Logger}
+	p := &Postgres{binDir: binDir, major: bin.Major, id: id, port: opt.Port, logger: opt.Logger}
 	if p.logger == nil {
 		p.logger = zap.NewNop()
 	}
@@ -160,10 +172,14 @@ func StartPostgres(ctx context.Context, opt PostgresOptions) (_ *Postgres, err e
 			return nil, fmt.Errorf("start postgres: create cluster: %w", err)
 		}
 	}
+	if err := p.writeHBA(opt.TLS, settings); err != nil {
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
 	settings["unix_socket_directories"] = p.socketDir
 	if err := writeOwned(filepath.Join(p.dataDir, confFile), []byte(formatSettings(settings)), 0o600, id); err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
+	p.settings = settings
 	if err := p.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -494,22 +510,31 @@ func (p *Postgres) Port() int {
 }
 
 // URL returns the URL of the postgres database as the postgres superuser,
-// without a password: postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable.
+// without a password: postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable,
+// or, for a cluster started with TLS, with
+// sslmode=verify-full&sslrootcert=<TLS.CAFile> instead.
 func (p *Postgres) URL() string {
 	return p.DatabaseURL("postgres")
 }
 
 // DatabaseURL returns the URL of the named database, as URL does.
 func (p *Postgres) DatabaseURL(db string) string {
+	q := url.Values{"sslmode": {"disable"}}
+	if p.tls != nil {
+		q = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {p.tls.CAFile}}
+	}
 	u := url.URL{
 		Scheme:   "postgres",
 		User:     url.User("postgres"),
 		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port())),
 		Path:     "/" + db,
-		RawQuery: "sslmode=disable",
+		RawQuery: q.Encode(),
 	}
 	return u.String()
 }
+
+// Major returns the major version of the cluster's binaries, such as 17.
+func (p *Postgres) Major() int { return p.major }
 
 // DataDir returns the cluster's data directory.
 func (p *Postgres) DataDir() string { return p.dataDir }

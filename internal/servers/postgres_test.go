@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +67,33 @@ func TestFindPostgresBin(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			t.Errorf("FindPostgresBin() = %s, which lacks %s: %v", dir, name, err)
 		}
+	}
+}
+
+// TestSelectedPostgresRuns checks that the cluster runs the binaries
+// SelectPostgres describes, of the version WALCOUNT_TEST_PG asks for.
+func TestSelectedPostgresRuns(t *testing.T) {
+	b, err := servers.SelectPostgres()
+	if err != nil {
+		t.Fatalf("SelectPostgres: %v", err)
+	}
+	t.Logf("PostgreSQL %s", b)
+	if want := os.Getenv(servers.EnvTestPG); want != "" && strconv.Itoa(b.Major) != strings.TrimSpace(want) {
+		t.Errorf("%s=%s selected PostgreSQL %s", servers.EnvTestPG, want, b)
+	}
+	if major, err := servers.PostgresMajor(); err != nil || major != b.Major {
+		t.Errorf("PostgresMajor() = %d, %v, want %d", major, err, b.Major)
+	}
+	p := startPostgres(t, servers.PostgresOptions{})
+	if p.Major() != b.Major {
+		t.Errorf("Major() = %d, want %d", p.Major(), b.Major)
+	}
+	conn := connect(t, p)
+	if got, want := queryString(t, conn, "SELECT (current_setting('server_version_num')::int / 10000)::text"), strconv.Itoa(b.Major); got != want {
+		t.Errorf("server major version = %s, want %s", got, want)
+	}
+	if got := queryString(t, conn, "SHOW server_version"); !strings.HasPrefix(got, b.Version) {
+		t.Errorf("server_version = %s, want %s...", got, b.Version)
 	}
 }
 

@@ -42,6 +42,9 @@ func templateDataDir(binDir string, id identity) (string, error) {
 	if v.err != nil {
 		return "", fmt.Errorf("create template cluster: %w", v.err)
 	}
+	// The key covers the bin directory and the full version string, so that
+	// the versions WALCOUNT_TEST_PG selects (each in its own directory) and
+	// an upgraded package never share a template.
 	sum := sha256.Sum256([]byte(binDir + "\x00" + v.full + "\x00" + strconv.Itoa(id.uid) + "\x00" + templateHBA + confInclude))
 	key := hex.EncodeToString(sum[:6])
 	if dir, ok := templates.Load(key); ok {

@@ -18,6 +18,16 @@
 //  3. Docker, when it answers a ping: containers started with
 //     testcontainers-go (postgres:15 with wal_level=logical, redis:7).
 //
+// Local servers run the PostgreSQL binaries internal/servers selects: the
+// locally installed ones, or, with WALCOUNT_TEST_PG=<major> (14 to 18), those
+// of exactly that version, fetched beforehand with `make pg PG=<major>`
+// (`make test-matrix` runs the core packages on every version). With
+// WALCOUNT_TEST_PG set, a missing version fails the test with the command
+// that fetches it instead of falling back to Docker, whose postgres:15
+// would silently test another version; WALCOUNT_TEST_POSTGRES_URL still
+// wins for Database, so do not set both. Tests that depend on a version's
+// features ask servers.PostgresMajor, or Major of a started cluster.
+//
 // When none is available the test fails with a message that says what to
 // install; it never skips. A test binary that uses Database should call Main
 // from its TestMain, so that the shared servers are closed at the end.

@@ -119,7 +119,7 @@ func Database(tb testing.TB) string {
 	tb.Helper()
 	admin, pg, err := sharedPostgresURL()
 	if err != nil {
-		tb.Fatalf("testenv: %v\n(to run walcount's tests, %s)", err, installHint)
+		tb.Fatalf("testenv: %v%s", err, postgresHint(err))
 	}
 	name := "test_" + randomHex(6)
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)

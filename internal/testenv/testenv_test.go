@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -316,5 +317,16 @@ func TestDatabaseParallel(t *testing.T) {
 			}
 			RedisURL(t)
 		})
+	}
+}
+
+func TestPostgresHint(t *testing.T) {
+	missing := fmt.Errorf("start postgres: %w", servers.ErrPostgresVersionMissing)
+	if got := postgresHint(missing); got != "" {
+		t.Errorf("postgresHint(version missing) = %q, want \"\": the error names the fetch command", got)
+	}
+	noBinaries := fmt.Errorf("start postgres: %w", servers.ErrNoPostgres)
+	if got := postgresHint(noBinaries); !strings.Contains(got, "apt-get install postgresql") {
+		t.Errorf("postgresHint(no binaries) = %q, want the install hint", got)
 	}
 }
