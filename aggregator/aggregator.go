@@ -49,12 +49,28 @@ type CommitRecorder interface {
 type MessageHandler func(end cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error)
 
 // TxnObserver sees every committed transaction with its deltas (before
-// coalescing across transactions) and the counters it truncated;
-// reconciliation uses it. deltas is valid only during the call.
-type TxnObserver func(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool)
+// coalescing across transactions), the counters it truncated and the
+// buffered deltas its target lifecycle events moved or dropped;
+// reconciliation uses it. deltas and moved are valid only during the call.
+type TxnObserver func(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool, moved []counter.Move)
+
+// FlushLog holds what each flush applied, so that a flush that crossed a
+// target row's lifecycle event can be followed (see lifecycle.go). Seen
+// returns the deltas of the flush of (…, upto], which committed at at in
+// the stream; false when walcount no longer knows them.
+type FlushLog interface {
+	Seen(upto, at cdc.LSN) (map[string]int64, bool)
+}
+
+// DirtyFunc marks counter keys (buffer fields) dirty, durably, with the
+// cause: walcount cannot vouch for them and reconciliation must measure
+// them (DESIGN rule 14).
+type DirtyFunc func(fields []string, cause string) error
 
 // Options configure an Aggregator.
 type Options struct {
+	// Slot names the slot whose flush markers this aggregator follows.
+	Slot     string
 	Counters []counter.Counter
 	Buffer   Buffer
 	Barrier  Barrierer
@@ -62,10 +78,12 @@ type Options struct {
 	// already holds (meta.lsn): the chain continues from it and every
 	// transaction ending at or before it is skipped.
 	Start cdc.LSN
-	// Commits, Messages and Observe are optional.
+	// Commits, Messages, Observe, Flushes and Dirty are optional.
 	Commits  CommitRecorder
 	Messages MessageHandler
 	Observe  TxnObserver
+	Flushes  FlushLog
+	Dirty    DirtyFunc
 	// MaxPendingKeys: default DefaultMaxPendingKeys.
 	MaxPendingKeys int
 	// MaxPendingAge: default DefaultMaxPendingAge.
@@ -78,9 +96,11 @@ type Options struct {
 
 // Aggregator consumes the cdc stream. It is used by one goroutine.
 type Aggregator struct {
-	opt   Options
-	log   *zap.Logger
-	rules map[*cdc.Relation][]rule
+	opt     Options
+	log     *zap.Logger
+	rules   map[*cdc.Relation][]rule
+	targets map[*cdc.Relation][]targetRule
+	lc      lifecycle
 
 	// prev is the chain tip in Redis: the last end LSN written.
 	prev cdc.LSN
@@ -119,6 +139,8 @@ func New(opt Options) *Aggregator {
 		opt:     opt,
 		log:     opt.Logger,
 		rules:   make(map[*cdc.Relation][]rule),
+		targets: make(map[*cdc.Relation][]targetRule),
+		lc:      newLifecycle(),
 		prev:    opt.Start,
 		txn:     newDeltaSet(),
 		resets:  make(map[string]bool),
@@ -201,6 +223,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		a.skip = ev.LSN < a.prev
 		a.txn.reset()
 		clear(a.resets)
+		a.lc.resetTxn()
 	case cdc.KindChange:
 		if a.skip {
 			return nil
@@ -226,7 +249,13 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 			}
 		}
 	case cdc.KindMessage:
-		if a.skip || ev.Prefix != cdc.MessagePrefix || a.opt.Messages == nil {
+		if a.skip || ev.Prefix != cdc.MessagePrefix {
+			return nil
+		}
+		if ok, err := a.flushSeen(ev.Content, ev.LSN); ok || err != nil {
+			return err
+		}
+		if a.opt.Messages == nil {
 			return nil
 		}
 		ds, err := a.opt.Messages(ev.LSN, a.xid, ev.Content)
@@ -248,6 +277,19 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 }
 
 func (a *Aggregator) change(ev *cdc.Event) error {
+	targets, ok := a.targets[ev.Rel]
+	if !ok {
+		var err error
+		if targets, err = bindTargets(ev.Rel, a.opt.Counters); err != nil {
+			return fmt.Errorf("bind counter targets to %s: %w", ev.Rel.QualifiedName(), err)
+		}
+		a.targets[ev.Rel] = targets
+	}
+	if len(targets) > 0 {
+		if err := a.target(ev, targets); err != nil {
+			return err
+		}
+	}
 	rules, ok := a.rules[ev.Rel]
 	if !ok {
 		var err error
@@ -291,8 +333,14 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 	return nil
 }
 
-func (a *Aggregator) addKey(counter string, key []byte, n int64) {
-	a.txn.addField(&a.keyBuf, counter, key, n)
+func (a *Aggregator) addKey(name string, key []byte, n int64) {
+	if !a.lc.active() {
+		a.txn.addField(&a.keyBuf, name, key, n)
+		return
+	}
+	if f := a.lc.redirect(counter.Field(name, string(key))); f != "" {
+		a.txn.add(f, n)
+	}
 }
 
 func (a *Aggregator) add(field string, n int64) { a.txn.add(field, n) }
@@ -302,8 +350,9 @@ func (a *Aggregator) add(field string, n int64) { a.txn.add(field, n) }
 func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 	a.opt.Metrics.Transactions.Inc()
 	if a.opt.Observe != nil {
-		a.opt.Observe(a.xid, ev.LSN, a.txn.all(), a.resets)
+		a.opt.Observe(a.xid, ev.LSN, a.txn.all(), a.resets, a.lc.moves)
 	}
+	a.commitLifecycle(ev.LSN)
 	if len(a.resets) > 0 {
 		if err := a.writePending(ctx); err != nil {
 			return err
@@ -345,9 +394,10 @@ func (a *Aggregator) writePending(ctx context.Context) error {
 	for f, n := range a.pending.all() {
 		a.scratch = append(a.scratch, counter.Delta{Field: f, N: n})
 	}
-	if _, err := a.opt.Buffer.Apply(ctx, a.prev, a.pendingLast, nil, a.scratch); err != nil {
+	if _, err := a.opt.Buffer.Apply(ctx, a.prev, a.pendingLast, a.lc.pendingMoves, a.scratch); err != nil {
 		return err
 	}
+	a.lc.pendingMoves = a.lc.pendingMoves[:0]
 	a.prev = a.pendingLast
 	a.pending.reset()
 	a.pendingTxns = 0

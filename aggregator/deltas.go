@@ -59,6 +59,19 @@ func (d *deltaSet) dropCounter(counter string) {
 	}
 }
 
+// move moves field's sum to to, or drops it when to is "".
+func (d *deltaSet) move(field, to string) {
+	i, ok := d.idx[field]
+	if !ok || d.vals[i] == 0 {
+		return
+	}
+	n := d.vals[i]
+	d.vals[i] = 0
+	if to != "" {
+		d.add(to, n)
+	}
+}
+
 // size is the number of distinct fields held, zero sums included.
 func (d *deltaSet) size() int { return len(d.idx) }
 

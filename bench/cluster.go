@@ -141,7 +141,7 @@ func (c *cluster) setup(ctx context.Context) error {
 	}
 	defer conn.Close(context.Background())
 	cfg := c.walcountConfig()
-	_, err = setup.Run(ctx, conn, setup.Options{Slot: cfg.Slot, Publication: cfg.Publication, Counters: cfg.Counters})
+	_, err = setup.Run(ctx, conn, setup.Options{Config: cfg})
 	return err
 }
 

@@ -1,9 +1,12 @@
 package cdc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -26,4 +29,37 @@ func EmitMessage(ctx context.Context, q RowQuerier, content string) (LSN, error)
 		return 0, fmt.Errorf("emit logical message: %w", err)
 	}
 	return lsn, nil
+}
+
+// flushMarker is the content of the message each flush transaction emits:
+// it places the flush of (…, upto] in the stream (DESIGN rule 17).
+type flushMarker struct {
+	Flush string `json:"flush"`
+	Slot  string `json:"slot"`
+}
+
+var flushTag = []byte(`"flush"`)
+
+// FlushMarker returns the message content the flush of (…, upto] of slot
+// emits in its own transaction.
+func FlushMarker(slot string, upto LSN) string {
+	b, _ := json.Marshal(flushMarker{Flush: upto.String(), Slot: slot})
+	return string(b)
+}
+
+// ParseFlushMarker parses FlushMarker's content; ok is false for any other
+// message.
+func ParseFlushMarker(content []byte) (slot string, upto LSN, ok bool) {
+	if !bytes.Contains(content, flushTag) {
+		return "", 0, false
+	}
+	var m flushMarker
+	if err := json.Unmarshal(content, &m); err != nil || m.Flush == "" {
+		return "", 0, false
+	}
+	upto, err := pglogrepl.ParseLSN(m.Flush)
+	if err != nil {
+		return "", 0, false
+	}
+	return m.Slot, upto, true
 }

@@ -32,7 +32,16 @@ type Table struct {
 	ReplIdent string
 	// Columns maps each live column's name to its facts.
 	Columns map[string]Column
+	// Identity lists the columns of the replica identity for DEFAULT (the
+	// primary key) and USING INDEX; it is nil for FULL, NOTHING, and a
+	// DEFAULT without a primary key.
+	Identity []string
 }
+
+// IdentityUsable reports whether UPDATEs and DELETEs of the table can be
+// published: PostgreSQL refuses them on a published table whose replica
+// identity carries nothing.
+func (t *Table) IdentityUsable() bool { return t.ReplIdent == "f" || len(t.Identity) > 0 }
 
 // Ident returns the table's name as a quoted SQL identifier.
 func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
@@ -105,6 +114,21 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.OID)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read columns of %s: %w", t.Ident(), err)
+	}
+	if t.ReplIdent == "d" || t.ReplIdent == "i" {
+		cond := "i.indisprimary"
+		if t.ReplIdent == "i" {
+			cond = "i.indisreplident"
+		}
+		err := q.QueryRow(ctx, `
+SELECT array_agg(a.attname::text ORDER BY k.ord)
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND `+cond, t.OID).Scan(&t.Identity)
+		if err != nil {
+			return nil, fmt.Errorf("read replica identity of %s: %w", t.Ident(), err)
+		}
 	}
 	return t, nil
 }

@@ -239,7 +239,7 @@ func (m *measurement) evaluate() outcome {
 
 // Observe is the aggregator's TxnObserver: it records the deltas of every
 // transaction after M0 for the keys being measured.
-func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool) {
+func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool, moved []counter.Move) {
 	if r.active.Load() == 0 {
 		return
 	}
@@ -259,6 +259,16 @@ func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int
 			// A TRUNCATE resets the column outside the deltas, so this
 			// measurement cannot be exact; it is repeated.
 			m.invalid = errors.New("a TRUNCATE of the source happened during the measurement")
+		}
+	}
+	// A target row deleted or re-keyed moves deltas buffered before it,
+	// outside the transactions recorded: a measurement of its key is
+	// repeated.
+	for _, mv := range moved {
+		for _, f := range []string{mv.Field, mv.To} {
+			if m := r.fields[f]; m != nil && m.recording && m.gen == r.gen {
+				m.invalid = errors.New("a target row of a measured key was deleted or changed its key during the measurement")
+			}
 		}
 	}
 	var recs map[*measurement]*txnRecord

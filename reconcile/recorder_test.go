@@ -57,17 +57,17 @@ func TestRecorderFollowsMarkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Transactions before M0 are not recorded.
-	r.Observe(50, 100, seq(map[string]int64{"c:1": 1}), nil)
+	r.Observe(50, 100, seq(map[string]int64{"c:1": 1}), nil, nil)
 	if _, err := r.HandleMessage(0, 60, []byte(`{"reconcile":"m1","phase":0,"slot":"s"}`)); err != nil {
 		t.Fatal(err)
 	}
-	r.Observe(60, 200, seq(nil), nil) // M0's own transaction
+	r.Observe(60, 200, seq(nil), nil, nil) // M0's own transaction
 	select {
 	case <-m.committed:
 	default:
 		t.Fatal("M0's commit did not start the recording")
 	}
-	r.Observe(61, 300, seq(map[string]int64{"c:1": 1, "c:9": 1, "other:1": 1}), nil)
+	r.Observe(61, 300, seq(map[string]int64{"c:1": 1, "c:9": 1, "other:1": 1}), nil, nil)
 	// Another slot's marker is ignored.
 	if ds, _ := r.HandleMessage(0, 62, []byte(`{"reconcile":"m1","phase":1,"slot":"other"}`)); ds != nil {
 		t.Fatal("handled another slot's marker")

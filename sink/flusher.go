@@ -70,6 +70,9 @@ type Options struct {
 	Logger    *zap.Logger
 	// Failpoints are armed by crash tests; nil in production.
 	Failpoints *failpoint.Set
+	// FlushLog remembers what each flush applied for the aggregator;
+	// nil keeps nothing.
+	FlushLog *FlushLog
 }
 
 // Flusher applies the Redis buffer to PostgreSQL. Its methods are safe for
@@ -206,7 +209,7 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	applied, err := f.apply(ctx, from, upto, batches, nil)
+	applied, err := f.apply(ctx, from, upto, fields, batches, nil)
 	if err != nil {
 		f.opt.Metrics.FlushErrors.Inc()
 		return false, err
@@ -233,6 +236,7 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 // committed records a new W and hands it on.
 func (f *Flusher) committed(w cdc.LSN) {
 	f.w = w
+	f.opt.FlushLog.prune(w)
 	f.lastFlush = time.Now()
 	f.opt.Metrics.CheckpointLSN.Set(float64(w))
 	if f.opt.Lag != nil {
@@ -320,7 +324,7 @@ func (s byKey) Less(i, j int) bool {
 // W=from to upto first, then optional resets (a TRUNCATE barrier), then
 // the counter updates. It reports false, without error, when the batch
 // had already been committed.
-func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*counterBatch, resets []*counter.Resolved) (bool, error) {
+func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, batches []*counterBatch, resets []*counter.Resolved) (bool, error) {
 	tx, err := f.opt.Pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("begin flush: %w", err)
@@ -370,10 +374,24 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, batches []*coun
 			f.opt.Metrics.DeltasDropped.WithLabelValues(b.t.Counter.Name).Add(float64(dropped))
 		}
 	}
+	// The marker places this transaction in the stream, among the target
+	// rows' lifecycle events (see package aggregator); the log holds what
+	// it applied until the stream has met it. A flush without deltas has
+	// nothing to follow, and emits nothing: a marker is a transaction the
+	// next flush carries, and an idle walcount must stay idle.
+	if len(batches) > 0 {
+		if _, err := cdc.EmitMessage(ctx, tx, cdc.FlushMarker(f.opt.Slot, upto)); err != nil {
+			return false, fmt.Errorf("flush marker: %w", err)
+		}
+		f.opt.FlushLog.add(upto, fields)
+	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
+		f.opt.FlushLog.drop(upto)
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
+		// The commit's outcome is unknown when the connection broke: keep
+		// the record, which costs nothing if the flush did not commit.
 		return false, fmt.Errorf("commit flush: %w", err)
 	}
 	return true, nil
@@ -404,7 +422,7 @@ func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, delt
 		return err
 	}
 	from := f.w
-	if _, err := f.apply(ctx, from, end, batches, resets); err != nil {
+	if _, err := f.apply(ctx, from, end, fields, batches, resets); err != nil {
 		return err
 	}
 	if err := f.opt.Buffer.Advance(ctx, from, end); err != nil {

@@ -108,29 +108,41 @@ const InitCheckpointFromSlotSQL = `INSERT INTO walcount.checkpoint (slot_name, l
 SELECT $1, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = $1
 ON CONFLICT (slot_name) DO UPDATE SET lsn = excluded.lsn, updated_at = now()`
 
-// Access says what the current role may do with walcount.checkpoint.
+// Access says what the current role may do with walcount's state.
 type Access struct {
-	// Exists is false when the table does not exist.
+	// Exists is false when the checkpoint table does not exist.
 	Exists bool
-	// Usage is USAGE on the schema; Select and Update are on the table.
-	Usage, Select, Update bool
+	// Usage is USAGE on the schema.
+	Usage bool
+	// Missing lists the privileges the role lacks on the state's tables
+	// and sequences, as "SELECT, UPDATE on walcount.checkpoint".
+	Missing []string
 }
 
-// CheckpointAccess reads the current role's privileges on the checkpoint
-// table. It reads the catalogs directly: to_regclass would fail, not
-// answer, for a role without USAGE on the schema.
-func CheckpointAccess(ctx context.Context, q Querier) (Access, error) {
+// AccessGrants are the statements that give role everything walcount does
+// with its state: read and write every table, use the sequences.
+func AccessGrants(role string) string {
+	return fmt.Sprintf("GRANT USAGE ON SCHEMA walcount TO %[1]s; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO %[1]s; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO %[1]s;", role)
+}
+
+// StateAccess reads the current role's privileges on walcount's state. It
+// reads the catalogs directly: to_regclass would fail, not answer, for a
+// role without USAGE on the schema.
+func StateAccess(ctx context.Context, q Querier) (Access, error) {
 	var a Access
 	err := q.QueryRow(ctx, `
-WITH t AS (
-  SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-  WHERE n.nspname = 'walcount' AND c.relname = 'checkpoint')
-SELECT EXISTS (SELECT 1 FROM t),
+SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+               WHERE n.nspname = 'walcount' AND c.relname = 'checkpoint'),
        coalesce((SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = 'walcount'), false),
-       coalesce((SELECT has_table_privilege(oid, 'SELECT') FROM t), false),
-       coalesce((SELECT has_table_privilege(oid, 'UPDATE') FROM t), false)`).Scan(&a.Exists, &a.Usage, &a.Select, &a.Update)
+       coalesce((SELECT array_agg(m ORDER BY m) FROM (
+           SELECT string_agg(p, ', ' ORDER BY p) || ' on walcount.' || c.relname AS m
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           CROSS JOIN LATERAL unnest(CASE WHEN c.relkind = 'S' THEN ARRAY['USAGE'] ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END) AS p
+           WHERE n.nspname = 'walcount' AND c.relkind IN ('r', 'S')
+             AND NOT CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(c.oid, p) ELSE has_table_privilege(c.oid, p) END
+           GROUP BY c.relname) AS missing), '{}')`).Scan(&a.Exists, &a.Usage, &a.Missing)
 	if err != nil {
-		return a, fmt.Errorf("read privileges on walcount.checkpoint: %w", err)
+		return a, fmt.Errorf("read privileges on walcount's state: %w", err)
 	}
 	return a, nil
 }

@@ -122,15 +122,27 @@ func CheckVersion(ctx context.Context, q Querier) error {
 }
 
 // Migrate creates the state schema or brings it forward to Version, in one
-// transaction, and returns the versions it went from and to. An advisory
-// lock keeps two setups from migrating at once. It refuses a schema newer
-// than this walcount knows.
+// transaction, and returns the versions it went from and to. It refuses a
+// schema newer than this walcount knows.
 func Migrate(ctx context.Context, db Beginner) (from, to int, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrate state schema: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if from, to, err = MigrateIn(ctx, tx); err != nil {
+		return from, to, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, 0, fmt.Errorf("migrate state schema: commit: %w", err)
+	}
+	return from, to, nil
+}
+
+// MigrateIn is Migrate inside the caller's transaction, which commits it
+// (walcount setup does, with the rest of what it creates). An advisory
+// lock keeps two setups from migrating at once.
+func MigrateIn(ctx context.Context, tx pgx.Tx) (from, to int, err error) {
 	// Any fixed key will do; this one spells "walcount".
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(8746912330451865460)`); err != nil {
 		return 0, 0, fmt.Errorf("migrate state schema: lock: %w", err)
@@ -167,9 +179,6 @@ GRANT SELECT ON walcount.schema_version TO PUBLIC`); err != nil {
 		if _, err := tx.Exec(ctx, `INSERT INTO walcount.schema_version (version) VALUES ($1)`, m.version); err != nil {
 			return 0, 0, fmt.Errorf("migrate state schema to version %d: %w", m.version, err)
 		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, 0, fmt.Errorf("migrate state schema: commit: %w", err)
 	}
 	return from, Version, nil
 }

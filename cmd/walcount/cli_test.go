@@ -148,15 +148,21 @@ func TestRunRefusesDatabaseProblems(t *testing.T) {
 		c := newCLI(t, testenv.Database(t), `
 CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
 CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
-		// Set up by hand, without --fix-replica-identity.
-		if code, _ := c.run("setup"); code != exitOK {
-			t.Fatalf("setup: exit %d", code)
+		// Without --fix-replica-identity, setup refuses where run would,
+		// names the problem with its fix, and leaves nothing half done.
+		code, out := c.run("setup")
+		if code != exitFailure || !strings.Contains(out, "replica identity of public.likes is DEFAULT") ||
+			!strings.Contains(out, "fix: ALTER TABLE public.likes REPLICA IDENTITY FULL;") {
+			t.Fatalf("setup: exit %d, want %d and the identity problem with its fix", code, exitFailure)
 		}
-		code, _ := c.run("run")
+		if n := c.count("SELECT count(*) FROM pg_namespace WHERE nspname = 'walcount'") + c.count("SELECT count(*) FROM pg_publication"); n != 0 {
+			t.Fatal("a refused setup created its schema or publication")
+		}
+		code, _ = c.run("run")
 		if code != exitFailure {
 			t.Fatalf("run: exit %d, want %d", code, exitFailure)
 		}
-		code, out := c.run("check")
+		code, out = c.run("check")
 		if code != exitFailure || !strings.Contains(out, "PROBLEM counter post_likes: replica identity of public.likes is DEFAULT") ||
 			!strings.Contains(out, "fix: ALTER TABLE public.likes REPLICA IDENTITY FULL;") {
 			t.Fatalf("check: exit %d, want 1 and the identity problem with its fix", code)

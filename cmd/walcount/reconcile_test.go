@@ -49,7 +49,7 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;`); err != nil {
 	// Slots are cluster-wide and the cluster is shared: a slot of its own.
 	cfg.Slot = fmt.Sprintf("reconcile_cmd_%d", os.Getpid())
 	cfg.FlushInterval = 100 * time.Millisecond
-	if _, err := setup.Run(ctx, conn, setup.Options{Slot: cfg.Slot, Publication: cfg.Publication, Counters: cfg.Counters}); err != nil {
+	if _, err := setup.Run(ctx, conn, setup.Options{Config: cfg}); err != nil {
 		t.Fatal(err)
 	}
 	d, err := daemon.New(daemon.Options{Config: cfg})

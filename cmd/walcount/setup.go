@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -37,7 +38,7 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			defer conn.Close(context.Background())
-			opt.Slot, opt.Publication, opt.Counters = cfg.Slot, cfg.Publication, cfg.Counters
+			opt.Config = cfg
 			opt.Out = cmd.OutOrStdout()
 			res, err := setup.Run(ctx, conn, opt)
 			if err != nil {
@@ -47,6 +48,13 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 				return nil
 			}
 			out := cmd.OutOrStdout()
+			for _, w := range res.Warnings {
+				line := "warning: " + w.Message
+				if w.Fix != "" {
+					line += " — fix: " + w.Fix
+				}
+				fmt.Fprintln(out, line)
+			}
 			for _, t := range res.FixedIdentityTable {
 				fmt.Fprintf(out, "set REPLICA IDENTITY FULL on %s\n", t)
 			}
@@ -55,9 +63,9 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 			} else {
 				fmt.Fprintf(out, "replication slot %q exists; checkpoint at %s\n", cfg.Slot, res.CheckpointLSN)
 			}
-			fmt.Fprintf(out, "publication %q covers %v\n", cfg.Publication, setup.Sources(cfg.Counters))
+			fmt.Fprintf(out, "publication %q covers %s\n", cfg.Publication, strings.Join(res.Published, ", "))
 			if res.NeedsReconcile {
-				fmt.Fprintln(out, "the slot is new while a checkpoint existed: changes in between were not seen; run walcount reconcile once walcount run is up")
+				fmt.Fprintln(out, "the slot is new while a checkpoint existed: changes in between were not seen; every counter is marked dirty and walcount run reconciles it on its own")
 			}
 			return nil
 		},

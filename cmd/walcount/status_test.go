@@ -58,7 +58,7 @@ func newCluster(t *testing.T, pgSettings map[string]string) *cluster {
 	c.cfg.SlotSettings.PollInterval = 200 * time.Millisecond
 	c.exec(t, appSchema)
 	conn := c.connect(t)
-	if _, err := setup.Run(context.Background(), conn, setup.Options{Slot: c.cfg.Slot, Publication: c.cfg.Publication, Counters: c.cfg.Counters}); err != nil {
+	if _, err := setup.Run(context.Background(), conn, setup.Options{Config: c.cfg}); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
 	return c

@@ -76,8 +76,11 @@ type Daemon struct {
 	rdb  *redis.Client
 	buf  *buffer.Redis
 	lag  *sink.LagTracker
-	mon  *monitor.Monitor
-	rec  *reconcile.Reconciler
+	// flushes outlives sessions: a restarted session meets the markers
+	// of flushes an earlier one made.
+	flushes *sink.FlushLog
+	mon     *monitor.Monitor
+	rec     *reconcile.Reconciler
 
 	mu    sync.Mutex
 	state daemonState
@@ -144,14 +147,15 @@ func New(opt Options) (*Daemon, error) {
 		opt.Metrics.InitCounter(c.Name)
 	}
 	d := &Daemon{
-		opt:  opt,
-		cfg:  cfg,
-		log:  opt.Logger.With(zap.String(logSlot, cfg.Slot)),
-		m:    opt.Metrics,
-		pool: pool,
-		rdb:  rdb,
-		buf:  buffer.New(rdb, cfg.Slot),
-		lag:  sink.NewLagTracker(0),
+		opt:     opt,
+		cfg:     cfg,
+		log:     opt.Logger.With(zap.String(logSlot, cfg.Slot)),
+		m:       opt.Metrics,
+		pool:    pool,
+		rdb:     rdb,
+		buf:     buffer.New(rdb, cfg.Slot),
+		lag:     sink.NewLagTracker(0),
+		flushes: sink.NewFlushLog(),
 		mon: monitor.New(monitor.Options{Querier: pool, Slot: cfg.Slot, Interval: cfg.SlotSettings.PollInterval,
 			MaxLagBytes: cfg.SlotSettings.MaxLagBytes, Metrics: opt.Metrics, Logger: opt.Logger}),
 	}
@@ -193,6 +197,8 @@ func fatal(err error) bool {
 		errors.Is(err, state.ErrNoCheckpoint) ||
 		errors.Is(err, state.ErrNotSetUp) ||
 		errors.Is(err, state.ErrSchemaVersion) ||
+		errors.Is(err, state.ErrOwned) ||
+		errors.Is(err, state.ErrNotClaimed) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
 		isSlotLost(err)
 }

@@ -83,7 +83,7 @@ func (e *env) setup() {
 		e.t.Fatalf("connect: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := setup.Run(ctx, conn, setup.Options{Slot: e.cfg.Slot, Publication: e.cfg.Publication, Counters: e.cfg.Counters}); err != nil {
+	if _, err := setup.Run(ctx, conn, setup.Options{Config: e.cfg}); err != nil {
 		e.t.Fatalf("setup: %v", err)
 	}
 }

@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/state"
 )
 
 // newReconciler builds the daemon's reconciler: it flushes through the
@@ -63,4 +68,24 @@ func (d *Daemon) busy() bool {
 	s := d.state.stream
 	d.mu.Unlock()
 	return s != nil && s.QueueDepth() > 1
+}
+
+// markDirty records buffer fields ("counter:key") as dirty keys, for
+// reconciliation to measure (DESIGN rule 14).
+func (d *Daemon) markDirty(fields []string, cause string) error {
+	byCounter := map[string][]string{}
+	for _, f := range fields {
+		if name, key, ok := counter.SplitField(f); ok {
+			byCounter[name] = append(byCounter[name], key)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, keys := range byCounter {
+		if err := state.MarkDirty(ctx, d.pool, d.cfg.Slot, name, keys, cause); err != nil {
+			return err
+		}
+		d.log.Warn("keys marked dirty: reconciliation will measure them", zap.String("counter", name), zap.Int("keys", len(keys)), zap.String("cause", cause))
+	}
+	return nil
 }

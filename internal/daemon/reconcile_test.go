@@ -192,7 +192,7 @@ func TestBackfillWhileWriting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := setup.Run(ctx, conn, setup.Options{Slot: e.cfg.Slot, Publication: e.cfg.Publication, Counters: e.cfg.Counters, RecreateSlot: true}); err != nil {
+	if _, err := setup.Run(ctx, conn, setup.Options{Config: e.cfg, RecreateSlot: true}); err != nil {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)

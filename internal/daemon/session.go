@@ -54,8 +54,12 @@ type liveSession struct {
 // with cdc.ErrSlotInUse while another walcount holds it) and makes Redis
 // continue W (DESIGN §4). Nothing is consumed yet.
 func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
-	// A schema of another version would be read or written wrongly.
+	// A schema of another version would be read or written wrongly, and
+	// a column another slot keeps would be counted twice.
 	if err := state.CheckVersion(ctx, d.pool); err != nil {
+		return nil, err
+	}
+	if err := state.CheckOwnership(ctx, d.pool, d.cfg.Slot, d.cfg.Counters); err != nil {
 		return nil, err
 	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
@@ -67,6 +71,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Metrics:    d.m,
 		Logger:     d.log,
 		Failpoints: d.opt.Failpoints,
+		FlushLog:   d.flushes,
 	})
 	if err != nil {
 		return nil, err
@@ -153,7 +158,10 @@ func (d *Daemon) sessionEnded() {
 func (s *liveSession) run(ctx context.Context) error {
 	d := s.d
 	agg := aggregator.New(aggregator.Options{
+		Slot:       d.cfg.Slot,
 		Counters:   d.cfg.Counters,
+		Flushes:    d.flushes,
+		Dirty:      d.markDirty,
 		Buffer:     d.buf,
 		Barrier:    s.flusher,
 		Start:      s.start,

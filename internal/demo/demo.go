@@ -280,7 +280,7 @@ func runSetup(ctx context.Context, dbURL string, cfg config.Config) error {
 		return fmt.Errorf("connect to postgres: %w", redactedErr{err})
 	}
 	defer conn.Close(context.Background())
-	if _, err := setup.Run(ctx, conn, setup.Options{Slot: cfg.Slot, Publication: cfg.Publication, Counters: cfg.Counters}); err != nil {
+	if _, err := setup.Run(ctx, conn, setup.Options{Config: cfg}); err != nil {
 		return fmt.Errorf("walcount setup: %w", err)
 	}
 	return nil

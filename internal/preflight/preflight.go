@@ -65,6 +65,8 @@ const (
 	CheckRedis            = "redis"
 	CheckRedisWritable    = "redis_writable"
 	CheckRedisEviction    = "redis_eviction"
+	CheckTargetIdentity   = "target_identity"
+	CheckOwnership        = "ownership"
 )
 
 // Cause says what must change to resolve a Finding.
@@ -78,6 +80,10 @@ const (
 	// that is not there: the configuration must change. walcount check,
 	// setup and run then exit with the usage status (2).
 	CauseConfig
+	// CauseSetup means walcount setup creates or fixes what is missing
+	// (the publication, the slot, the state schema): setup goes ahead
+	// where check and run refuse.
+	CauseSetup
 )
 
 // Finding is the result of one check.
@@ -149,6 +155,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 		r.checkWALKeepSize,
 		r.checkIdleSlotTimeout,
 		r.checkCheckpoint,
+		r.checkOwnership,
 	}
 	for _, step := range steps {
 		// A step records its own failed queries as Problems and returns
@@ -211,6 +218,12 @@ func (r *run) add(check string, sev Severity, msg, fix string) {
 func (r *run) configProblem(check, msg, fix string) {
 	r.add(check, Problem, msg, fix)
 	r.findings[len(r.findings)-1].Cause = CauseConfig
+}
+
+// setupProblem records a Problem that walcount setup fixes.
+func (r *run) setupProblem(check, msg, fix string) {
+	r.add(check, Problem, msg, fix)
+	r.findings[len(r.findings)-1].Cause = CauseSetup
 }
 
 func (r *run) ok(check, msg string)           { r.add(check, OK, msg, "") }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/testenv"
@@ -102,9 +103,12 @@ SELECT slot_name, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slo
 // setUp does what `walcount setup` does.
 func (f *fixture) setUp(t *testing.T) {
 	t.Helper()
-	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes")
+	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts")
 	f.createSlot(t, "pgoutput")
 	f.createCheckpoint(t, "")
+	if err := state.Claim(context.Background(), f.conn, f.cfg.Slot, f.cfg.Counters); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func run(t *testing.T, cfg config.Config) []preflight.Finding {
@@ -321,8 +325,8 @@ func TestRole(t *testing.T) {
 		wantFix(t, p, "ALTER ROLE "+role+" REPLICATION;")
 		p = want(t, findings, preflight.CheckPrivilege, preflight.Problem, "lacks SELECT on public.likes")
 		wantFix(t, p, "GRANT SELECT ON public.likes TO "+role+"; GRANT SELECT (id, likes_count), UPDATE (likes_count) ON public.posts TO "+role+";")
-		p = want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "may not read and update walcount.checkpoint")
-		wantFix(t, p, "GRANT USAGE ON SCHEMA walcount TO "+role+"; GRANT SELECT, INSERT, UPDATE ON walcount.checkpoint TO "+role+";")
+		p = want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "may not use walcount's state: it lacks USAGE on schema walcount")
+		wantFix(t, p, "GRANT USAGE ON SCHEMA walcount TO "+role+"; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO "+role+"; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO "+role+";")
 	})
 
 	t.Run("with REPLICATION and grants", func(t *testing.T) {
@@ -330,7 +334,8 @@ func TestRole(t *testing.T) {
 		f.exec(t, "GRANT SELECT ON likes TO "+role)
 		f.exec(t, "GRANT SELECT (id, likes_count), UPDATE (likes_count) ON posts TO "+role)
 		f.exec(t, "GRANT USAGE ON SCHEMA walcount TO "+role)
-		f.exec(t, "GRANT SELECT, INSERT, UPDATE ON walcount.checkpoint TO "+role)
+		f.exec(t, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO "+role)
+		f.exec(t, "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO "+role)
 		findings := run(t, cfg)
 		if preflight.HasProblems(findings) {
 			t.Error("problems remain after the fixes")
@@ -353,19 +358,25 @@ func TestPublication(t *testing.T) {
 	tests := []struct {
 		name, ddl    string // ddl "" means no publication
 		problem, fix string
+		// columnLists marks cases whose DDL needs PostgreSQL 15: before
+		// it, the DDL itself must be refused.
+		columnLists bool
 	}{
 		{name: "missing", problem: "publication walcount does not exist",
-			fix: "CREATE PUBLICATION walcount FOR TABLE public.likes;"},
+			fix: "CREATE PUBLICATION walcount FOR TABLE public.likes, public.posts (id, likes_count);"},
 		{name: "without the source table", ddl: "CREATE PUBLICATION walcount FOR TABLE posts",
 			problem: "publication walcount does not include public.likes",
 			fix:     "ALTER PUBLICATION walcount ADD TABLE public.likes;"},
-		{name: "without delete and truncate", ddl: "CREATE PUBLICATION walcount FOR TABLE likes WITH (publish = 'insert, update')",
+		{name: "without the target table", ddl: "CREATE PUBLICATION walcount FOR TABLE likes",
+			problem: "publication walcount does not include the target public.posts",
+			fix:     "ALTER PUBLICATION walcount ADD TABLE public.posts (id, likes_count);"},
+		{name: "without delete and truncate", ddl: "CREATE PUBLICATION walcount FOR TABLE likes, posts WITH (publish = 'insert, update')",
 			problem: "does not publish delete, truncate",
 			fix:     "ALTER PUBLICATION walcount SET (publish = 'insert, update, delete, truncate');"},
-		{name: "row filter", ddl: "CREATE PUBLICATION walcount FOR TABLE likes WHERE (user_id > 0)",
+		{name: "row filter", ddl: "CREATE PUBLICATION walcount FOR TABLE likes WHERE (user_id > 0), posts", columnLists: true,
 			problem: "filters the rows of public.likes",
 			fix:     "ALTER PUBLICATION walcount DROP TABLE public.likes; ALTER PUBLICATION walcount ADD TABLE public.likes;"},
-		{name: "column list without the key", ddl: "CREATE PUBLICATION walcount FOR TABLE likes (id, user_id)",
+		{name: "column list without the key", ddl: "CREATE PUBLICATION walcount FOR TABLE likes (id, user_id), posts", columnLists: true,
 			problem: "leaves out column post_id of public.likes",
 			fix:     "ALTER PUBLICATION walcount DROP TABLE public.likes; ALTER PUBLICATION walcount ADD TABLE public.likes;"},
 		{name: "for all tables", ddl: "CREATE PUBLICATION walcount FOR ALL TABLES"},
@@ -374,6 +385,20 @@ func TestPublication(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, goodSchema)
+			v, err := pgversion.Read(context.Background(), f.conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.columnLists && !v.PublicationColumnLists() {
+				if _, err := f.conn.Exec(context.Background(), tt.ddl); err == nil {
+					t.Fatalf("PostgreSQL %s accepted %q, which needs column lists and row filters (15)", v, tt.ddl)
+				}
+				return
+			}
+			if !v.PublicationColumnLists() {
+				// Before 15 a target is published whole.
+				tt.fix = strings.ReplaceAll(tt.fix, " (id, likes_count)", "")
+			}
 			if tt.ddl != "" {
 				f.exec(t, tt.ddl)
 			}

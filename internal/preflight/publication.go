@@ -6,41 +6,56 @@ import (
 	"strings"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/publication"
 )
 
 // checkPublication checks that the publication exists, publishes every
-// operation walcount needs (TRUNCATE included: it is a barrier, DESIGN §2
-// rule 10) and includes every source table with all its rows and the
-// columns the counters read.
+// operation walcount needs (TRUNCATE included: it is a barrier, DESIGN rule
+// 10) and includes every source table with all its rows and the columns
+// the counters read, and every target with its key (DESIGN rule 17). What
+// it should hold is package publication's layout, which setup creates.
 func (r *run) checkPublication() error {
 	pub := r.ident(r.cfg.Publication)
-
-	// The source tables that exist, in order, without repeats.
-	var sources []*table
-	for _, c := range r.cfg.Counters {
-		t, err := r.lookupTable(c.Source)
+	layout, unusable, err := publication.Layout(r.version, r.cfg.Counters, func(name string) (*counter.Table, error) {
+		t, err := r.lookupTable(name)
 		if err != nil {
-			return r.queryFailed(CheckPublication, "source table "+c.Source, err)
+			return nil, err
 		}
-		if t.Exists && !slices.Contains(sources, t) {
-			sources = append(sources, t)
-		}
+		return t.Table, nil
+	})
+	if err != nil {
+		return r.queryFailed(CheckPublication, "tables of the counters", err)
 	}
-	names := make([]string, len(sources))
-	for i, t := range sources {
-		names[i] = t.sql
+	for _, t := range unusable {
+		sql := r.qualified(t.Schema, t.Name)
+		r.problem(CheckTargetIdentity,
+			fmt.Sprintf("target %s has no replica identity (REPLICA IDENTITY %s without a usable key): walcount publishes its key to follow its deletes and key changes, and PostgreSQL would then refuse every UPDATE and DELETE on it",
+				sql, identityName(t.ReplIdent)),
+			fmt.Sprintf("ALTER TABLE %s ADD PRIMARY KEY (...); or ALTER TABLE %s REPLICA IDENTITY FULL;", sql, sql))
+	}
+	listed := make([]string, len(layout))
+	var sourceNames []string
+	for i, t := range layout {
+		listed[i] = r.pubEntry(t)
+		if t.Source {
+			sourceNames = append(sourceNames, r.qualified(t.Schema, t.Name))
+		}
 	}
 
 	var ins, upd, del, trunc, viaRoot bool
-	err := r.conn.QueryRow(r.ctx, `
+	err = r.conn.QueryRow(r.ctx, `
 SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
 FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &del, &trunc, &viaRoot)
 	if errNoRows(err) {
 		fix := "walcount setup"
-		if len(names) > 0 {
-			fix = fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s;", pub, strings.Join(names, ", "))
+		if len(listed) > 0 {
+			fix = fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", pub, strings.Join(listed, ", "))
+			if publication.ViaRoot(layout) {
+				fix += " WITH (publish_via_partition_root = true)"
+			}
+			fix += ";"
 		}
-		r.problem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
+		r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
 		return nil
 	}
 	if err != nil {
@@ -59,7 +74,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 	}
 	if len(ops) > 0 {
 		ok = false
-		r.problem(CheckPublication,
+		r.setupProblem(CheckPublication,
 			fmt.Sprintf("publication %s does not publish %s: those changes would never be counted", r.cfg.Publication, strings.Join(ops, ", ")),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');", pub))
 	}
@@ -89,50 +104,111 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 		return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
 	}
 
-	for _, t := range sources {
+	if publication.ViaRoot(layout) && !viaRoot {
+		// Without it pgoutput names each change by its partition, which
+		// matches no counter.
+		ok = false
+		var parts []string
+		for _, t := range layout {
+			if t.Kind == "p" {
+				parts = append(parts, r.qualified(t.Schema, t.Name))
+			}
+		}
+		r.setupProblem(CheckPublication,
+			fmt.Sprintf("%s is partitioned but publication %s does not publish via the partition root", strings.Join(parts, ", "), r.cfg.Publication),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
+	}
+	for _, t := range layout {
+		sql := r.qualified(t.Schema, t.Name)
+		p, found := published[t.Schema+"\x00"+t.Name]
 		if t.Kind == "p" && !viaRoot {
-			// Without it pgoutput names each change by its partition,
-			// which matches no counter.
-			ok = false
-			r.problem(CheckPublication,
-				fmt.Sprintf("%s is partitioned but publication %s does not publish via the partition root", t.sql, r.cfg.Publication),
-				fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
+			// Reported above: without publish_via_partition_root the
+			// publication lists the partitions, not the table.
 			continue
 		}
-		p, found := published[t.Schema+"\x00"+t.Name]
 		if !found {
 			ok = false
-			r.problem(CheckPublication, fmt.Sprintf("publication %s does not include %s", r.cfg.Publication, t.sql),
-				fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, t.sql))
+			what := "include"
+			if !t.Source {
+				what = "include the target"
+			}
+			r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not %s %s", r.cfg.Publication, what, sql),
+				fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t)))
 			continue
 		}
-		readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[2]s;", pub, t.sql)
+		readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[3]s;", pub, sql, r.pubEntry(t))
 		if p.rowFilter != nil {
 			ok = false
-			r.problem(CheckPublication,
-				fmt.Sprintf("publication %s filters the rows of %s (WHERE %s): walcount must see every row; put filters in the counter's where", r.cfg.Publication, t.sql, *p.rowFilter),
+			r.setupProblem(CheckPublication,
+				fmt.Sprintf("publication %s filters the rows of %s (WHERE %s): walcount must see every row; put filters in the counter's where", r.cfg.Publication, sql, *p.rowFilter),
 				readd)
 		}
 		if p.columns != nil {
+			var need []string
+			if t.Source {
+				need = readColumns(r.cfg.Counters, &table{Table: t.Table})
+			}
+			for _, c := range r.cfg.Counters {
+				if ts, tn := counter.SplitTable(c.Target); t.Target && ts == t.Schema && tn == t.Name && !slices.Contains(need, c.TargetKey) {
+					need = append(need, c.TargetKey)
+				}
+			}
 			var missing []string
-			for _, col := range readColumns(r.cfg.Counters, t) {
+			for _, col := range need {
 				if !slices.Contains(p.columns, col) {
 					missing = append(missing, r.ident(col))
 				}
 			}
 			if len(missing) > 0 {
 				ok = false
-				r.problem(CheckPublication,
-					fmt.Sprintf("publication %s leaves out column %s of %s", r.cfg.Publication, strings.Join(missing, ", "), t.sql),
+				r.setupProblem(CheckPublication,
+					fmt.Sprintf("publication %s leaves out column %s of %s", r.cfg.Publication, strings.Join(missing, ", "), sql),
 					readd)
 			}
 		}
 	}
 
 	if ok {
-		r.ok(CheckPublication, fmt.Sprintf("publication %s publishes insert, update, delete and truncate of %s", r.cfg.Publication, strings.Join(names, ", ")))
+		msg := fmt.Sprintf("publication %s publishes insert, update, delete and truncate of %s", r.cfg.Publication, strings.Join(sourceNames, ", "))
+		var targets []string
+		for i, t := range layout {
+			if !t.Source {
+				targets = append(targets, listed[i])
+			}
+		}
+		if len(targets) > 0 {
+			msg += ", and follows the targets " + strings.Join(targets, ", ")
+		}
+		r.ok(CheckPublication, msg)
 	}
 	return nil
+}
+
+// pubEntry renders a table of the publication's layout for a fix: its
+// name and column list, quoted as the server would.
+func (r *run) pubEntry(t publication.Table) string {
+	s := r.qualified(t.Schema, t.Name)
+	if t.Columns != nil {
+		cols := make([]string, len(t.Columns))
+		for i, c := range t.Columns {
+			cols[i] = r.ident(c)
+		}
+		s += " (" + strings.Join(cols, ", ") + ")"
+	}
+	return s
+}
+
+// identityName spells pg_class.relreplident as ALTER TABLE does.
+func identityName(replident string) string {
+	switch replident {
+	case "d":
+		return "DEFAULT"
+	case "f":
+		return "FULL"
+	case "i":
+		return "USING INDEX"
+	}
+	return "NOTHING"
 }
 
 // pubTable is one row of pg_publication_tables.

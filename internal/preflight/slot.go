@@ -3,6 +3,7 @@ package preflight
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -51,7 +52,7 @@ func (r *run) checkSlot() error {
 	recreate := "walcount setup --recreate-slot; then walcount reconcile"
 	switch {
 	case s == nil:
-		r.problem(CheckSlot, fmt.Sprintf("replication slot %s does not exist", name), "walcount setup")
+		r.setupProblem(CheckSlot, fmt.Sprintf("replication slot %s does not exist", name), "walcount setup")
 		return nil
 	case s.slotType != "logical":
 		r.problem(CheckSlot, fmt.Sprintf("replication slot %s is a %s slot, not a logical one", name, s.slotType),
@@ -96,27 +97,34 @@ func (r *run) checkSlot() error {
 // slot's row. A row behind the slot's confirmed position means changes in
 // between were acknowledged without being counted.
 func (r *run) checkCheckpoint() error {
-	access, err := state.CheckpointAccess(r.ctx, r.conn)
+	access, err := state.StateAccess(r.ctx, r.conn)
 	if err != nil {
-		return r.queryFailed(CheckCheckpoint, "table walcount.checkpoint", err)
+		return r.queryFailed(CheckCheckpoint, "walcount's state tables", err)
 	}
 	if !access.Exists {
-		r.problem(CheckCheckpoint, "table walcount.checkpoint does not exist", "walcount setup")
+		r.setupProblem(CheckCheckpoint, "table walcount.checkpoint does not exist", "walcount setup")
 		return nil
 	}
-	if !access.Usage || !access.Select || !access.Update {
-		r.problem(CheckCheckpoint, fmt.Sprintf("role %s may not read and update walcount.checkpoint", r.user),
-			fmt.Sprintf("GRANT USAGE ON SCHEMA walcount TO %[1]s; GRANT SELECT, INSERT, UPDATE ON walcount.checkpoint TO %[1]s;", r.ident(r.user)))
+	if !access.Usage || len(access.Missing) > 0 {
+		msg := fmt.Sprintf("role %s may not use walcount's state: it lacks USAGE on schema walcount", r.user)
+		if access.Usage {
+			msg = fmt.Sprintf("role %s may not use walcount's state: it lacks %s", r.user, strings.Join(access.Missing, "; "))
+		}
+		r.problem(CheckCheckpoint, msg, state.AccessGrants(r.ident(r.user)))
 		return nil
 	}
 
 	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
-		r.problem(CheckCheckpoint, err.Error(), "walcount setup")
+		if errors.Is(err, state.ErrSchemaVersion) && strings.Contains(err.Error(), "newer") {
+			r.problem(CheckCheckpoint, err.Error(), "upgrade walcount")
+		} else {
+			r.setupProblem(CheckCheckpoint, err.Error(), "walcount setup")
+		}
 		return nil
 	}
 	w, err := state.ReadCheckpoint(r.ctx, r.conn, r.cfg.Slot)
 	if errors.Is(err, state.ErrNoCheckpoint) {
-		r.problem(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint has no row for slot %s", r.cfg.Slot), "walcount setup")
+		r.setupProblem(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint has no row for slot %s", r.cfg.Slot), "walcount setup")
 		return nil
 	}
 	if err != nil {
@@ -133,5 +141,29 @@ func (r *run) checkCheckpoint() error {
 		}
 	}
 	r.ok(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint of slot %s is at %s", r.cfg.Slot, lsnText))
+	return nil
+}
+
+// checkOwnership checks that this slot keeps the counters' columns and no
+// other slot does (DESIGN rule 15): two deployments on one column count
+// every change twice.
+func (r *run) checkOwnership() error {
+	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
+		return nil // reported by checkCheckpoint
+	}
+	err := state.CheckOwnership(r.ctx, r.conn, r.cfg.Slot, r.cfg.Counters)
+	var owned *state.OwnedError
+	switch {
+	case err == nil:
+		r.ok(CheckOwnership, fmt.Sprintf("slot %s keeps the counter columns", r.cfg.Slot))
+	case errors.As(err, &owned):
+		r.problem(CheckOwnership, fmt.Sprintf("%s.%s is kept by slot %s: a second slot on it would count every change twice", owned.Table, owned.Column, owned.Owner),
+			fmt.Sprintf("keep one deployment per column: to move it, stop the walcount of slot %s and run walcount teardown --slot %s (which releases its columns), then walcount setup",
+				owned.Owner, owned.Owner))
+	case errors.Is(err, state.ErrNotClaimed):
+		r.setupProblem(CheckOwnership, err.Error(), "walcount setup")
+	default:
+		return r.queryFailed(CheckOwnership, "the owners of the counter columns", err)
+	}
 	return nil
 }

@@ -102,6 +102,7 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 	if err := r.checkIndexes(c, src, tgt, prefix); err != nil {
 		return err
 	}
+	r.checkTargetIdentity(c, tgt, prefix)
 	// The identity is about the source alone: it is worth reporting even
 	// when the target is wrong, as long as the columns it must carry exist.
 	for _, col := range readColumns([]counter.Counter{c}, src) {
@@ -345,4 +346,21 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// checkTargetIdentity checks that a delete of a target row carries its
+// target key, so that the deltas buffered for the row can be dropped and
+// do not land on a row inserted later with the same key (DESIGN rule 17).
+func (r *run) checkTargetIdentity(c counter.Counter, tgt *table, prefix string) {
+	if _, found := tgt.Columns[c.TargetKey]; !found || !tgt.IdentityUsable() {
+		return // reported by checkColumns and checkPublication
+	}
+	if tgt.ReplIdent == "f" || slices.Contains(tgt.Identity, c.TargetKey) {
+		r.ok(CheckTargetIdentity, fmt.Sprintf("%sa delete of a %s row carries its key %s", prefix, tgt.sql, r.ident(c.TargetKey)))
+		return
+	}
+	r.problem(CheckTargetIdentity,
+		fmt.Sprintf("%starget key %s.%s is not in the replica identity of %s: when a row is deleted walcount cannot tell which key's buffered deltas to drop, and they would land on a row inserted later with the same key",
+			prefix, tgt.sql, r.ident(c.TargetKey), tgt.sql),
+		fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL; (or a unique index on %s and REPLICA IDENTITY USING INDEX)", tgt.sql, r.ident(c.TargetKey)))
 }

@@ -1,9 +1,18 @@
 // Package setup creates and removes what walcount needs in PostgreSQL and
-// Redis: the publication of the source tables, the logical replication
-// slot (pgoutput), and the state schema with its checkpoint table.
+// Redis: the publication of the source and target tables, the logical
+// replication slot (pgoutput), walcount's state schema, and the claim on
+// each counter column.
 //
-// See https://www.postgresql.org/docs/15/logical-replication-publication.html
-// and https://www.postgresql.org/docs/15/functions-admin.html#FUNCTIONS-REPLICATION.
+// Setup first runs the same preflight checks as walcount check and run,
+// through the same gate, and refuses where run would refuse, except for
+// what setup itself creates (CauseSetup findings) and, when asked, the
+// replica identity it fixes. Then it creates everything it can in one
+// transaction (the state schema, the identity fixes, the publication, the
+// column claims), and the slot last, since PostgreSQL does not create a
+// logical slot in a transaction that has written anything.
+//
+// See https://www.postgresql.org/docs/current/logical-replication-publication.html
+// and https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-REPLICATION.
 package setup
 
 import (
@@ -19,6 +28,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/pgversion"
+	"github.com/walcount/walcount/internal/preflight"
+	"github.com/walcount/walcount/internal/publication"
 	"github.com/walcount/walcount/state"
 )
 
@@ -27,12 +40,12 @@ var ErrNoLogicalReplication = errors.New("the database cannot do logical replica
 
 // Options configure Setup.
 type Options struct {
-	Slot        string
-	Publication string
-	Counters    []counter.Counter
+	// Config names the servers, the slot, the publication and the
+	// counters, as walcount run will use them.
+	Config config.Config
 	// RecreateSlot drops an existing slot and creates it anew; the
-	// checkpoint moves to the new slot's start and a full reconcile is
-	// needed afterwards.
+	// checkpoint moves to the new slot's start and every counter is
+	// marked dirty, to be reconciled.
 	RecreateSlot bool
 	// FixReplicaIdentity sets REPLICA IDENTITY FULL on sources whose
 	// identity does not carry the counters' columns.
@@ -50,6 +63,10 @@ type Result struct {
 	NeedsReconcile     bool
 	Statements         []string
 	FixedIdentityTable []string
+	// Published lists the publication's tables, with their column lists.
+	Published []string
+	// Warnings are the preflight warnings, for the operator.
+	Warnings []preflight.Finding
 }
 
 // Sources returns the distinct source tables of the counters, sorted, as
@@ -72,6 +89,14 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 	if opt.Logger == nil {
 		opt.Logger = zap.NewNop()
 	}
+	cfg := opt.Config
+	cfg.Counters = slices.Clone(cfg.Counters)
+	if len(cfg.Counters) == 0 {
+		cfg.Counters = []counter.Counter{counter.Default()}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
 	var res Result
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
@@ -81,157 +106,319 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 		return res, fmt.Errorf("%w: wal_level is %q; run ALTER SYSTEM SET wal_level = logical; and restart PostgreSQL",
 			ErrNoLogicalReplication, walLevel)
 	}
-	exec := func(sql string, args ...any) error {
-		if opt.PrintSQL {
-			stmt := sql
-			for i, a := range args {
-				stmt = strings.ReplaceAll(stmt, fmt.Sprintf("$%d", i+1), quoteLiteral(fmt.Sprint(a)))
-			}
-			res.Statements = append(res.Statements, stmt)
-			if opt.Out != nil {
-				fmt.Fprintf(opt.Out, "%s;\n", stmt)
-			}
-			return nil
+	version, err := pgversion.Read(ctx, conn)
+	if err != nil {
+		return res, err
+	}
+	if !opt.PrintSQL {
+		if res.Warnings, err = gate(ctx, cfg, opt); err != nil {
+			return res, err
 		}
-		if _, err := conn.Exec(ctx, sql, args...); err != nil {
-			return fmt.Errorf("%s: %w", firstLine(sql), err)
+	}
+
+	s := &statements{conn: conn, print: opt.PrintSQL, out: opt.Out, res: &res}
+	if opt.PrintSQL {
+		if err := s.prepare(ctx, cfg, version, opt); err != nil {
+			return res, err
+		}
+		return res, s.slot(ctx, cfg, version, opt)
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		s.tx = tx
+		return s.prepare(ctx, cfg, version, opt)
+	})
+	s.tx = nil
+	if err != nil {
+		return res, err
+	}
+	return res, s.slot(ctx, cfg, version, opt)
+}
+
+// gate runs the preflight checks and refuses what setup cannot fix: every
+// Problem but those setup creates, and the replica identity when asked to
+// fix it.
+func gate(ctx context.Context, cfg config.Config, opt Options) ([]preflight.Finding, error) {
+	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, Logger: opt.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("preflight: %w", err)
+	}
+	var blocking, warnings []preflight.Finding
+	for _, f := range findings {
+		switch {
+		case f.Severity == preflight.Warning:
+			warnings = append(warnings, f)
+		case f.Severity != preflight.Problem, f.Cause == preflight.CauseSetup:
+		case f.Check == preflight.CheckReplicaIdentity && opt.FixReplicaIdentity:
+		case f.Check == preflight.CheckSlot && opt.RecreateSlot:
+		default:
+			blocking = append(blocking, f)
+		}
+	}
+	return warnings, preflight.Gate(blocking)
+}
+
+// statements runs (or, with print, only prints) what setup does.
+type statements struct {
+	conn  *pgx.Conn
+	tx    pgx.Tx
+	print bool
+	out   io.Writer
+	res   *Result
+}
+
+func (s *statements) exec(ctx context.Context, sql string, args ...any) error {
+	if s.print {
+		stmt := sql
+		for i, a := range args {
+			stmt = strings.ReplaceAll(stmt, fmt.Sprintf("$%d", i+1), quoteLiteral(fmt.Sprint(a)))
+		}
+		s.res.Statements = append(s.res.Statements, stmt)
+		if s.out != nil {
+			fmt.Fprintf(s.out, "%s;\n", stmt)
 		}
 		return nil
 	}
+	var err error
+	if s.tx != nil {
+		_, err = s.tx.Exec(ctx, sql, args...)
+	} else {
+		_, err = s.conn.Exec(ctx, sql, args...)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", firstLine(sql), err)
+	}
+	return nil
+}
 
+// prepare is everything but the slot, in one transaction: the state
+// schema, the identity fixes, the publication and the column claims.
+func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgversion.Version, opt Options) error {
 	// The state schema, created or migrated forward to this walcount's
-	// version in one transaction.
-	if opt.PrintSQL {
-		from, err := state.ReadVersion(ctx, conn)
+	// version.
+	if s.print {
+		from, err := state.ReadVersion(ctx, s.conn)
 		if errors.Is(err, state.ErrNotSetUp) {
 			from, err = 0, nil
 		}
 		if err != nil {
-			return res, err
+			return err
 		}
 		if from < state.Version {
 			for _, stmt := range state.MigrationSQL(from) {
-				_ = exec(stmt)
+				_ = s.exec(ctx, stmt)
 			}
 		}
-	} else if _, _, err := state.Migrate(ctx, conn); err != nil {
-		return res, err
+	} else if _, _, err := state.MigrateIn(ctx, s.tx); err != nil {
+		return err
 	}
 
 	if opt.FixReplicaIdentity {
-		fixed, err := fixIdentity(ctx, conn, opt.Counters, exec)
+		fixed, err := s.fixIdentity(ctx, cfg.Counters)
 		if err != nil {
-			return res, err
+			return err
 		}
-		res.FixedIdentityTable = fixed
+		s.res.FixedIdentityTable = fixed
 	}
 
-	// The publication lists exactly the counters' source tables.
-	sources := Sources(opt.Counters)
-	pub := pgx.Identifier{opt.Publication}.Sanitize()
+	// The publication holds the sources and, for their lifecycle, the
+	// targets (see package publication).
+	var q counter.Querier = s.conn
+	if s.tx != nil {
+		q = s.tx
+	}
+	tables, unusable, err := publication.Layout(version, cfg.Counters, func(name string) (*counter.Table, error) {
+		schema, table := counter.SplitTable(name)
+		return counter.ReadTable(ctx, q, schema, table)
+	})
+	if err != nil {
+		return err
+	}
+	if len(unusable) > 0 {
+		// The preflight gate refused these already; never publish them.
+		return fmt.Errorf("target %s has no replica identity: walcount check says how to give it one", unusable[0].Ident())
+	}
+	for _, t := range tables {
+		s.res.Published = append(s.res.Published, t.SQL())
+	}
 	var pubExists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", opt.Publication).Scan(&pubExists); err != nil {
-		return res, fmt.Errorf("read publication: %w", err)
+	if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", cfg.Publication).Scan(&pubExists); err != nil {
+		return fmt.Errorf("read publication: %w", err)
 	}
 	if pubExists {
-		if err := exec(fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s", pub, strings.Join(sources, ", "))); err != nil {
-			return res, err
+		for _, stmt := range publication.Alter(cfg.Publication, tables) {
+			if err := s.exec(ctx, stmt); err != nil {
+				return err
+			}
 		}
-	} else if err := exec(fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", pub, strings.Join(sources, ", "))); err != nil {
-		return res, err
+	} else if err := s.exec(ctx, publication.Create(cfg.Publication, tables)); err != nil {
+		return err
 	}
 
-	// The slot, and the checkpoint that starts at its consistent point.
+	// One slot keeps each counter column (DESIGN rule 15).
+	if !s.print {
+		if err := state.Claim(ctx, s.tx, cfg.Slot, cfg.Counters); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slot creates the slot (last: PostgreSQL creates a logical slot only in a
+// transaction that has written nothing) and the checkpoint that starts at
+// its consistent point, or keeps both when they exist.
+func (s *statements) slot(ctx context.Context, cfg config.Config, version pgversion.Version, opt Options) error {
 	var slotExists bool
 	var plugin string
-	err := conn.QueryRow(ctx, "SELECT true, plugin FROM pg_replication_slots WHERE slot_name = $1", opt.Slot).Scan(&slotExists, &plugin)
+	err := s.conn.QueryRow(ctx, "SELECT true, coalesce(plugin, '') FROM pg_replication_slots WHERE slot_name = $1", cfg.Slot).Scan(&slotExists, &plugin)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return res, fmt.Errorf("read replication slot: %w", err)
+		return fmt.Errorf("read replication slot: %w", err)
 	}
 	if slotExists && plugin != "pgoutput" && !opt.RecreateSlot {
-		return res, fmt.Errorf("replication slot %q uses plugin %q, not pgoutput; run walcount setup --recreate-slot", opt.Slot, plugin)
+		return fmt.Errorf("replication slot %q uses plugin %q, not pgoutput; run walcount setup --recreate-slot", cfg.Slot, plugin)
 	}
-	hadCheckpoint, err := state.HasCheckpoint(ctx, conn, opt.Slot)
-	if err != nil {
-		return res, err
+	hadCheckpoint := false
+	if !s.print {
+		if hadCheckpoint, err = state.HasCheckpoint(ctx, s.conn, cfg.Slot); err != nil {
+			return err
+		}
 	}
 	if slotExists && opt.RecreateSlot {
-		if err := exec("SELECT pg_drop_replication_slot($1)", opt.Slot); err != nil {
-			return res, err
+		if err := s.exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
+			return err
 		}
 		slotExists = false
 	}
+	create := CreateSlotSQL(version)
 	if !slotExists {
-		if opt.PrintSQL {
-			_ = exec("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", opt.Slot)
-			_ = exec(state.InitCheckpointFromSlotSQL, opt.Slot)
-			return res, nil
+		if s.print {
+			_ = s.exec(ctx, create, cfg.Slot)
+			_ = s.exec(ctx, state.InitCheckpointFromSlotSQL, cfg.Slot)
+			return nil
 		}
 		var lsn state.LSN
-		if err := conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", opt.Slot).Scan(&lsn); err != nil {
-			return res, fmt.Errorf("create replication slot %q: %w", opt.Slot, err)
+		if err := s.conn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn); err != nil {
+			return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
 		}
-		res.CreatedSlot = true
+		s.res.CreatedSlot = true
 		// A new slot starts a new history: whatever the counters missed
-		// before it (or since an old slot was lost) needs a reconcile.
-		res.NeedsReconcile = hadCheckpoint
-		if _, err := state.InitCheckpoint(ctx, conn, opt.Slot, lsn, true); err != nil {
-			return res, err
+		// before it (or since an old slot was lost) must be reconciled.
+		s.res.NeedsReconcile = hadCheckpoint
+		err := pgx.BeginFunc(ctx, s.conn, func(tx pgx.Tx) error {
+			if _, err := state.InitCheckpoint(ctx, tx, cfg.Slot, lsn, true); err != nil {
+				return err
+			}
+			if err := state.SetPublication(ctx, tx, cfg.Slot, cfg.Publication); err != nil {
+				return err
+			}
+			if !hadCheckpoint {
+				return nil
+			}
+			for _, c := range cfg.Counters {
+				if err := state.MarkDirty(ctx, tx, cfg.Slot, c.Name, nil, "the replication slot was recreated: changes made before it were not seen"); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		res.CheckpointLSN = lsn.String()
-		return res, nil
+		s.res.CheckpointLSN = lsn.String()
+		return nil
 	}
-	if opt.PrintSQL {
-		return res, nil
+	if s.print {
+		return nil
 	}
 	// The slot exists: keep the checkpoint, or start one at the slot's
 	// confirmed position when it is missing.
 	var confirmed state.LSN
-	if err := conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", opt.Slot).Scan(&confirmed); err != nil {
-		return res, fmt.Errorf("read replication slot %q: %w", opt.Slot, err)
+	if err := s.conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", cfg.Slot).Scan(&confirmed); err != nil {
+		return fmt.Errorf("read replication slot %q: %w", cfg.Slot, err)
 	}
-	w, err := state.InitCheckpoint(ctx, conn, opt.Slot, confirmed, false)
+	w, err := state.InitCheckpoint(ctx, s.conn, cfg.Slot, confirmed, false)
 	if err != nil {
-		return res, err
+		return err
 	}
-	res.CheckpointLSN = w.String()
-	return res, nil
+	if err := state.SetPublication(ctx, s.conn, cfg.Slot, cfg.Publication); err != nil {
+		return err
+	}
+	s.res.CheckpointLSN = w.String()
+	return nil
+}
+
+// CreateSlotSQL creates walcount's slot ($1) and returns its consistent
+// point. From PostgreSQL 17 on the slot is a failover slot: standbys that
+// synchronise slots keep a copy, so that it survives a failover (DESIGN
+// rule 16).
+func CreateSlotSQL(v pgversion.Version) string {
+	if v.FailoverSlots() {
+		return "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+	}
+	return "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
 }
 
 // fixIdentity sets REPLICA IDENTITY FULL on each source whose identity
 // does not carry every column a counter reads.
-func fixIdentity(ctx context.Context, conn *pgx.Conn, counters []counter.Counter, exec func(string, ...any) error) ([]string, error) {
+func (s *statements) fixIdentity(ctx context.Context, counters []counter.Counter) ([]string, error) {
 	need := map[string][]string{}
 	for _, c := range counters {
-		s, t := c.SourceTable()
-		src := pgx.Identifier{s, t}.Sanitize()
+		sc, t := c.SourceTable()
+		src := pgx.Identifier{sc, t}.Sanitize()
 		need[src] = append(need[src], c.ReadColumns()...)
+	}
+	var q counter.Querier = s.conn
+	if s.tx != nil {
+		q = s.tx
 	}
 	var fixed []string
 	for _, src := range slices.Sorted(maps.Keys(need)) {
-		var ident string
-		var missing bool
-		err := conn.QueryRow(ctx, `
-SELECT c.relreplident::text,
-       EXISTS (SELECT 1 FROM unnest($2::text[]) AS n(name)
+		// A partitioned table's changes are decoded per partition, with
+		// each partition's own identity: fix the leaves too.
+		rows, err := q.Query(ctx, `
+SELECT n.nspname::text, c.relname::text, c.relreplident::text,
+       EXISTS (SELECT 1 FROM unnest($2::text[]) AS w(name)
                WHERE NOT EXISTS (
                  SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-                 WHERE i.indrelid = c.oid AND a.attname = n.name
+                 WHERE i.indrelid = c.oid AND a.attname = w.name
                    AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))))
-FROM pg_class c WHERE c.oid = to_regclass($1)`, src, need[src]).Scan(&ident, &missing)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("source table %s does not exist", src)
-		}
+FROM (SELECT to_regclass($1) AS relid, 0 AS level
+      UNION ALL
+      SELECT relid, level FROM pg_partition_tree(to_regclass($1)) WHERE isleaf AND level > 0) p
+JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+ORDER BY p.level, 1`, src, need[src])
 		if err != nil {
 			return nil, fmt.Errorf("read replica identity of %s: %w", src, err)
 		}
-		if ident == "f" || !missing {
-			continue
+		type rel struct {
+			name, ident string
+			missing     bool
 		}
-		if err := exec(fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL", src)); err != nil {
-			return nil, err
+		rels, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (rel, error) {
+			var r rel
+			var schema, table string
+			err := row.Scan(&schema, &table, &r.ident, &r.missing)
+			r.name = pgx.Identifier{schema, table}.Sanitize()
+			return r, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read replica identity of %s: %w", src, err)
 		}
-		fixed = append(fixed, src)
+		if len(rels) == 0 {
+			return nil, fmt.Errorf("source table %s does not exist", src)
+		}
+		changed := false
+		for _, r := range rels {
+			if r.ident == "f" || !r.missing {
+				continue
+			}
+			if err := s.exec(ctx, fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL", r.name)); err != nil {
+				return nil, err
+			}
+			changed = true
+		}
+		if changed {
+			fixed = append(fixed, src)
+		}
 	}
 	return fixed, nil
 }

@@ -18,9 +18,11 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/state"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -46,8 +48,10 @@ var slotSeq atomic.Int64
 // fixture is a fresh database on the shared cluster with schema, and a
 // slot name of its own (slots are cluster-wide).
 type fixture struct {
-	conn *pgx.Conn
-	slot string
+	conn  *pgx.Conn
+	url   string
+	redis string
+	slot  string
 }
 
 func newFixture(t *testing.T, url string) *fixture {
@@ -62,11 +66,15 @@ func newFixture(t *testing.T, url string) *fixture {
 	if _, err := conn.Exec(ctx, schema); err != nil {
 		t.Fatalf("create schema: %v", err)
 	}
-	return &fixture{conn: conn, slot: fmt.Sprintf("setup_%d_%d", os.Getpid(), slotSeq.Add(1))}
+	return &fixture{conn: conn, url: url, redis: testenv.RedisURL(t), slot: fmt.Sprintf("setup_%d_%d", os.Getpid(), slotSeq.Add(1))}
 }
 
 func (f *fixture) opts(counters ...counter.Counter) setup.Options {
-	return setup.Options{Slot: f.slot, Publication: "walcount", Counters: counters}
+	cfg := config.Default()
+	cfg.DatabaseURL, cfg.RedisURL, cfg.Slot, cfg.Counters = f.url, f.redis, f.slot, counters
+	// The schema's sources have the default identity; setup refuses them
+	// unless asked to fix it (TestFixReplicaIdentityOnlyWhenAsked).
+	return setup.Options{Config: cfg, FixReplicaIdentity: true}
 }
 
 func (f *fixture) run(t *testing.T, opt setup.Options) setup.Result {
@@ -138,7 +146,7 @@ func TestSetupIsIdempotent(t *testing.T) {
 	if got := f.query(t, "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1", f.slot); got != "1" {
 		t.Fatalf("%s slots", got)
 	}
-	if got := f.published(t); !slices.Equal(got, []string{"public.likes"}) {
+	if got := f.published(t); !slices.Equal(got, []string{"public.likes", "public.posts"}) {
 		t.Fatalf("published = %v", got)
 	}
 
@@ -159,11 +167,11 @@ func TestPublicationFollowsCounters(t *testing.T) {
 		counters []counter.Counter
 		want     []string
 	}{
-		{[]counter.Counter{likes}, []string{"public.likes"}},
-		{[]counter.Counter{likes, comments}, []string{"public.comments", "public.likes"}},
-		{[]counter.Counter{likes, comments, follows}, []string{"public.comments", "public.follows", "public.likes"}},
-		{[]counter.Counter{comments}, []string{"public.comments"}},
-		{[]counter.Counter{follows, likes}, []string{"public.follows", "public.likes"}},
+		{[]counter.Counter{likes}, []string{"public.likes", "public.posts"}},
+		{[]counter.Counter{likes, comments}, []string{"public.comments", "public.likes", "public.posts", "public.users"}},
+		{[]counter.Counter{likes, comments, follows}, []string{"public.comments", "public.follows", "public.likes", "public.posts", "public.users"}},
+		{[]counter.Counter{comments}, []string{"public.comments", "public.users"}},
+		{[]counter.Counter{follows, likes}, []string{"public.follows", "public.likes", "public.posts", "public.users"}},
 	}
 	for i, s := range steps {
 		// Setup takes counters as Load leaves them: validated.
@@ -172,7 +180,9 @@ func TestPublicationFollowsCounters(t *testing.T) {
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		f.run(t, f.opts(cfg.Counters...))
+		opt := f.opts(cfg.Counters...)
+		opt.FixReplicaIdentity = true
+		f.run(t, opt)
 		if got := f.published(t); !slices.Equal(got, s.want) {
 			t.Fatalf("step %d: published = %v, want %v", i, got, s.want)
 		}
@@ -198,8 +208,8 @@ func TestPrintSQL(t *testing.T) {
 		"CREATE TABLE IF NOT EXISTS walcount.checkpoint",
 		`ALTER TABLE "public"."comments" REPLICA IDENTITY FULL;`,
 		`ALTER TABLE "public"."likes" REPLICA IDENTITY FULL;`,
-		`CREATE PUBLICATION "walcount" FOR TABLE "public"."comments", "public"."likes";`,
-		"SELECT pg_create_logical_replication_slot('" + f.slot + "', 'pgoutput');",
+		`CREATE PUBLICATION "walcount" FOR TABLE "public"."comments", "public"."likes", "public"."posts"`,
+		"pg_create_logical_replication_slot('" + f.slot + "', 'pgoutput'",
 		"INSERT INTO walcount.checkpoint",
 	} {
 		if !strings.Contains(got, want) {
@@ -225,18 +235,20 @@ func TestPrintSQL(t *testing.T) {
 
 	// Once set up, --print-sql shows what would change: the publication
 	// follows the counters.
-	f.run(t, f.opts(likes))
+	opt = f.opts(likes)
+	opt.FixReplicaIdentity = true
+	f.run(t, opt)
 	out.Reset()
 	opt = f.opts(likes, comments)
 	opt.PrintSQL, opt.Out = true, &out
 	f.run(t, opt)
-	if !strings.Contains(out.String(), `ALTER PUBLICATION "walcount" SET TABLE "public"."comments", "public"."likes";`) {
+	if !strings.Contains(out.String(), `ALTER PUBLICATION "walcount" SET TABLE "public"."comments", "public"."likes", "public"."posts"`) {
 		t.Errorf("print-sql after setup:\n%s", out.String())
 	}
 	if strings.Contains(out.String(), "pg_create_logical_replication_slot") {
 		t.Errorf("print-sql would create the existing slot again:\n%s", out.String())
 	}
-	if got := f.published(t); !slices.Equal(got, []string{"public.likes"}) {
+	if got := f.published(t); !slices.Equal(got, []string{"public.likes", "public.posts"}) {
 		t.Errorf("published = %v: --print-sql changed the publication", got)
 	}
 }
@@ -282,7 +294,7 @@ func TestRecreateSlot(t *testing.T) {
 	f.exec(t, "SELECT pg_drop_replication_slot($1)", f.slot)
 	f.exec(t, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", f.slot)
 	_, err := setup.Run(context.Background(), f.conn, f.opts(likes))
-	if err == nil || !strings.Contains(err.Error(), `uses plugin "test_decoding", not pgoutput; run walcount setup --recreate-slot`) {
+	if err == nil || !strings.Contains(err.Error(), `uses plugin test_decoding, not pgoutput`) || !strings.Contains(err.Error(), "walcount setup --recreate-slot") {
 		t.Fatalf("setup on a test_decoding slot: err = %v", err)
 	}
 	f.run(t, opt)
@@ -299,19 +311,32 @@ func TestFixReplicaIdentityOnlyWhenAsked(t *testing.T) {
 	}
 	counters := []counter.Counter{likes, comments, follows}
 
-	res := f.run(t, f.opts(counters...))
-	if len(res.FixedIdentityTable) != 0 {
-		t.Fatalf("fixed %v without being asked", res.FixedIdentityTable)
+	// Not asked: setup refuses, as run would, and creates nothing.
+	notAsked := f.opts(counters...)
+	notAsked.FixReplicaIdentity = false
+	_, err := setup.Run(context.Background(), f.conn, notAsked)
+	var ref *preflight.Refusal
+	if !errors.As(err, &ref) || !strings.Contains(err.Error(), "replica identity of public.likes is DEFAULT") ||
+		!strings.Contains(err.Error(), "ALTER TABLE public.likes REPLICA IDENTITY FULL;") {
+		t.Fatalf("setup without --fix-replica-identity: err = %v, want the refusal naming the identity and its fix", err)
 	}
 	for _, tbl := range []string{"likes", "comments", "follows"} {
 		if got := identity(tbl); got != "d" {
 			t.Fatalf("%s identity = %s without --fix-replica-identity", tbl, got)
 		}
 	}
+	for what, sql := range map[string]string{
+		"schema":      "SELECT count(*)::text FROM pg_namespace WHERE nspname = 'walcount'",
+		"publication": "SELECT count(*)::text FROM pg_publication",
+		"slot":        "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'",
+	} {
+		if n := f.query(t, sql); n != "0" {
+			t.Errorf("a refused setup left a %s", what)
+		}
+	}
 
 	opt := f.opts(counters...)
-	opt.FixReplicaIdentity = true
-	res = f.run(t, opt)
+	res := f.run(t, opt)
 	if want := []string{`"public"."comments"`, `"public"."likes"`}; !slices.Equal(res.FixedIdentityTable, want) {
 		t.Fatalf("fixed %v, want %v", res.FixedIdentityTable, want)
 	}
@@ -380,5 +405,135 @@ func TestTeardown(t *testing.T) {
 	// The app's tables are untouched.
 	if n := f.query(t, "SELECT count(*)::text FROM pg_class WHERE relname IN ('likes', 'posts')"); n != "2" {
 		t.Errorf("app tables left: %s of 2", n)
+	}
+}
+
+// TestSetupRefusesWhatRunWould: setup runs the preflight gate first and
+// leaves nothing behind when it refuses.
+func TestSetupRefusesWhatRunWould(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testenv.Database(t))
+	f.exec(t, "DROP TABLE likes")
+	_, err := setup.Run(context.Background(), f.conn, f.opts(likes))
+	var ref *preflight.Refusal
+	if !errors.As(err, &ref) || !strings.Contains(err.Error(), "source table public.likes does not exist") {
+		t.Fatalf("setup without the source table: err = %v, want a refusal naming it", err)
+	}
+	for what, sql := range map[string]string{
+		"schema":      "SELECT count(*)::text FROM pg_namespace WHERE nspname = 'walcount'",
+		"publication": "SELECT count(*)::text FROM pg_publication",
+		"slot":        "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'",
+	} {
+		if n := f.query(t, sql); n != "0" {
+			t.Errorf("a refused setup left a %s", what)
+		}
+	}
+}
+
+// TestSetupPartitionedSource publishes a partitioned source through its
+// root, so that run accepts the setup.
+func TestSetupPartitionedSource(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testenv.Database(t))
+	f.exec(t, `DROP TABLE likes;
+CREATE TABLE likes (id bigserial, post_id bigint NOT NULL, created date NOT NULL DEFAULT current_date) PARTITION BY RANGE (created);
+CREATE TABLE likes_old PARTITION OF likes FOR VALUES FROM ('2000-01-01') TO ('2026-01-01');
+CREATE TABLE likes_new PARTITION OF likes FOR VALUES FROM ('2026-01-01') TO ('2100-01-01');`)
+	opt := f.opts(likes)
+	f.run(t, opt)
+	if got := f.query(t, "SELECT pubviaroot::text FROM pg_publication WHERE pubname = 'walcount'"); got != "true" {
+		t.Fatalf("publish_via_partition_root = %s, want true", got)
+	}
+	findings, err := preflight.Run(context.Background(), preflight.Options{Config: opt.Config})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := preflight.Gate(findings); err != nil {
+		t.Fatalf("run would refuse what setup made: %v", err)
+	}
+}
+
+// TestSetupWithoutCreateOnTheDatabase: a role that may not create schemas
+// can still set up (and set up again) once the schema exists, and a
+// missing privilege is refused with the GRANT it needs.
+func TestSetupWithoutCreateOnTheDatabase(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.Database(t)
+	f := newFixture(t, dbURL)
+	f.run(t, f.opts(likes)) // as the superuser: makes the schema
+	role := fmt.Sprintf("setup_app_%d_%d", os.Getpid(), slotSeq.Add(1))
+	f.exec(t, "CREATE ROLE "+role+" LOGIN REPLICATION")
+	t.Cleanup(func() {
+		_, _ = f.conn.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = f.conn.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	f.exec(t, "REVOKE CREATE ON DATABASE "+pgx.Identifier{f.query(t, "SELECT current_database()")}.Sanitize()+" FROM PUBLIC")
+	f.exec(t, "ALTER TABLE likes OWNER TO "+role)
+	f.exec(t, "ALTER TABLE posts OWNER TO "+role)
+	f.exec(t, "ALTER PUBLICATION walcount OWNER TO "+role)
+	roleURL := strings.Replace(dbURL, "postgres@", role+"@", 1)
+	conn, err := pgx.Connect(context.Background(), roleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	opt := f.opts(likes)
+	opt.Config.DatabaseURL = roleURL
+	_, err = setup.Run(context.Background(), conn, opt)
+	if err == nil || !strings.Contains(err.Error(), "GRANT USAGE ON SCHEMA walcount TO "+role) {
+		t.Fatalf("setup without privileges on walcount's state: err = %v, want the GRANT it needs", err)
+	}
+	f.exec(t, state.AccessGrants(role))
+	if _, err := setup.Run(context.Background(), conn, opt); err != nil {
+		t.Fatalf("setup by a role without CREATE on the database, once the schema exists: %v", err)
+	}
+}
+
+// TestSecondSlotOnAColumnIsRefused: one slot keeps each counter column; a
+// second deployment is refused, and tearing it down leaves the first one
+// whole.
+func TestSecondSlotOnAColumnIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testenv.Database(t))
+	first := f.opts(likes)
+	f.run(t, first)
+	second := f.opts(likes)
+	second.Config.Slot, second.Config.Publication = f.slot+"_b", "walcount_b"
+	_, err := setup.Run(context.Background(), f.conn, second)
+	if err == nil || !strings.Contains(err.Error(), "public.posts.likes_count is kept by slot "+f.slot) ||
+		!strings.Contains(err.Error(), "walcount teardown --slot "+f.slot) {
+		t.Fatalf("setup of a second slot on the same column: err = %v, want a refusal naming the owner and the way to move it", err)
+	}
+	if n := f.query(t, "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1", second.Config.Slot); n != "0" {
+		t.Fatal("the refused second setup created a slot")
+	}
+	// Tearing the second deployment down touches nothing of the first.
+	if err := setup.Teardown(context.Background(), f.conn, nil, second.Config.Slot, second.Config.Publication); err != nil {
+		t.Fatal(err)
+	}
+	for what, sql := range map[string]string{
+		"slot":        "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = '" + f.slot + "'",
+		"publication": "SELECT count(*)::text FROM pg_publication WHERE pubname = 'walcount'",
+		"checkpoint":  "SELECT count(*)::text FROM walcount.checkpoint WHERE slot_name = '" + f.slot + "'",
+		"owner":       "SELECT count(*)::text FROM walcount.owners WHERE slot_name = '" + f.slot + "'",
+		"runs table":  "SELECT (count(*) + 1)::text FROM walcount.reconcile_runs",
+	} {
+		if n := f.query(t, sql); n != "1" {
+			t.Errorf("the first deployment's %s is gone after tearing down the second", what)
+		}
+	}
+	// A deployment of other counters shares the schema; tearing the first
+	// down keeps the schema for it.
+	other := f.opts(comments)
+	other.Config.Slot, other.Config.Publication = f.slot+"_c", "walcount_c"
+	f.run(t, other)
+	if err := setup.Teardown(context.Background(), f.conn, nil, f.slot, "walcount"); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.query(t, "SELECT count(*)::text FROM walcount.checkpoint WHERE slot_name = $1", other.Config.Slot); n != "1" {
+		t.Fatal("tearing one deployment down removed another's checkpoint")
+	}
+	if n := f.query(t, "SELECT count(*)::text FROM pg_publication WHERE pubname = 'walcount'"); n != "0" {
+		t.Error("the torn-down deployment's publication is left")
 	}
 }

@@ -1,0 +1,118 @@
+package daemon
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fkSchema is the app's tables with the foreign key a Rails app declares:
+// deleting a post deletes its likes, and a post's new id moves its likes.
+const fkSchema = `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY,
+  post_id bigint NOT NULL REFERENCES posts (id) ON DELETE CASCADE ON UPDATE CASCADE,
+  user_id bigint NOT NULL DEFAULT 0);
+CREATE INDEX ON likes (post_id);
+ALTER TABLE likes REPLICA IDENTITY FULL;
+CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
+`
+
+// lifecycleUnderLoad runs the churn workload while change alters target
+// rows again and again, then checks that every post is exact.
+func lifecycleUnderLoad(t *testing.T, rounds int, change func(ctx context.Context, e *env, round int) error) {
+	t.Helper()
+	e := newEnvWith(t, fkSchema, nil)
+	d := e.start()
+	ctx := context.Background()
+	w := newWorkload(e.db)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.run(ctx, 4, 400) })
+	for round := 0; round < rounds; round++ {
+		if err := change(ctx, e, round); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wg.Wait()
+	w.report(t)
+	newWorkload(e.db).run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTargetDeletedAndReinserted deletes a post (its likes cascade away)
+// and inserts one with the same id, while likes stream in: the deltas
+// buffered for the old row, its cascade among them, must not land on the
+// new one.
+func TestTargetDeletedAndReinserted(t *testing.T) {
+	t.Parallel()
+	lifecycleUnderLoad(t, 10, func(ctx context.Context, e *env, round int) error {
+		post := int64(2 + round%5)
+		if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT $1 FROM generate_series(1, 10)", post); err != nil {
+			return err
+		}
+		// Let the likes reach the buffer before the post goes.
+		time.Sleep(30 * time.Millisecond)
+		if _, err := e.db.Exec(ctx, "DELETE FROM posts WHERE id = $1", post); err != nil {
+			return err
+		}
+		if _, err := e.db.Exec(ctx, "INSERT INTO posts (id) VALUES ($1)", post); err != nil {
+			return err
+		}
+		_, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT $1 FROM generate_series(1, 3)", post)
+		return err
+	})
+}
+
+// TestTargetKeyChanged changes posts' ids with ON UPDATE CASCADE while
+// likes stream in: a post keeps its count under its new id, and the
+// cascade that moves its likes must not count them again.
+func TestTargetKeyChanged(t *testing.T) {
+	t.Parallel()
+	lifecycleUnderLoad(t, 10, func(ctx context.Context, e *env, round int) error {
+		from := int64(10 + round)
+		if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT $1 FROM generate_series(1, 10)", from); err != nil {
+			return err
+		}
+		time.Sleep(30 * time.Millisecond)
+		if _, err := e.db.Exec(ctx, "UPDATE posts SET id = $2 WHERE id = $1", from, from+1000); err != nil {
+			return err
+		}
+		_, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT $1 FROM generate_series(1, 2)", from+1000)
+		return err
+	})
+}
+
+// TestTargetDeleteAndReinsertInOneTransaction: the delete, its cascade,
+// the new row and its first likes all in one transaction.
+func TestTargetDeleteAndReinsertInOneTransaction(t *testing.T) {
+	t.Parallel()
+	lifecycleUnderLoad(t, 5, func(ctx context.Context, e *env, round int) error {
+		post := int64(30 + round)
+		if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT $1 FROM generate_series(1, 7)", post); err != nil {
+			return err
+		}
+		tx, err := e.db.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		for _, q := range []string{
+			"INSERT INTO likes (post_id) VALUES ($1)",
+			"DELETE FROM posts WHERE id = $1",
+			"INSERT INTO posts (id) VALUES ($1)",
+			"INSERT INTO likes (post_id) VALUES ($1), ($1)",
+		} {
+			if _, err := tx.Exec(ctx, q, post); err != nil {
+				return err
+			}
+		}
+		return tx.Commit(ctx)
+	})
+}
