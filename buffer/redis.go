@@ -213,7 +213,6 @@ type Batch struct {
 	Deltas     map[string]int64
 }
 
-
 // Redis is walcount's buffer for one slot, kept in Redis. It is safe for
 // concurrent use; the protocol itself assumes one walcount per slot.
 type Redis struct {

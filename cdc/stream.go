@@ -107,8 +107,8 @@ type Stream struct {
 	conn *pgconn.PgConn
 	// history is "<system identifier>/<timeline>" of the server.
 	history string
-	out  chan *Batch
-	pool sync.Pool
+	out     chan *Batch
+	pool    sync.Pool
 
 	ack  atomic.Uint64 // W: the position to confirm
 	recv atomic.Uint64 // highest WAL position received
@@ -193,7 +193,7 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 		log:     cfg.Logger,
 		conn:    conn,
 		history: fmt.Sprintf("%s/%d", sys.SystemID, sys.Timeline),
-		out:  make(chan *Batch, cfg.QueueSize),
+		out:     make(chan *Batch, cfg.QueueSize),
 
 		released: make(chan struct{}, 1),
 	}
