@@ -62,6 +62,12 @@ type FlushLog interface {
 	Seen(upto, at cdc.LSN) (map[string]int64, bool)
 }
 
+// DegradedFunc is told when a counter can no longer be kept from the
+// stream (degraded, with why: its source's replica identity lost a column
+// it reads), and when it can again. The daemon marks the counter dirty at
+// the first and lets reconciliation repair it after the second.
+type DegradedFunc func(counter string, degraded bool, why string) error
+
 // DirtyFunc marks counter keys (buffer fields) dirty, durably, with the
 // cause: walcount cannot vouch for them and reconciliation must measure
 // them (DESIGN rule 14).
@@ -84,6 +90,7 @@ type Options struct {
 	Observe  TxnObserver
 	Flushes  FlushLog
 	Dirty    DirtyFunc
+	Degraded DegradedFunc
 	// MaxPendingKeys: default DefaultMaxPendingKeys.
 	MaxPendingKeys int
 	// MaxPendingAge: default DefaultMaxPendingAge.
@@ -101,6 +108,8 @@ type Aggregator struct {
 	rules   map[*cdc.Relation][]rule
 	targets map[*cdc.Relation][]targetRule
 	lc      lifecycle
+	// degraded is each counter's last degraded state reported.
+	degraded map[string]bool
 
 	// prev is the chain tip in Redis: the last end LSN written.
 	prev cdc.LSN
@@ -136,15 +145,16 @@ func New(opt Options) *Aggregator {
 		opt.Metrics = metrics.New()
 	}
 	return &Aggregator{
-		opt:     opt,
-		log:     opt.Logger,
-		rules:   make(map[*cdc.Relation][]rule),
-		targets: make(map[*cdc.Relation][]targetRule),
-		lc:      newLifecycle(),
-		prev:    opt.Start,
-		txn:     newDeltaSet(),
-		resets:  make(map[string]bool),
-		pending: newDeltaSet(),
+		opt:      opt,
+		log:      opt.Logger,
+		rules:    make(map[*cdc.Relation][]rule),
+		targets:  make(map[*cdc.Relation][]targetRule),
+		degraded: make(map[string]bool),
+		lc:       newLifecycle(),
+		prev:     opt.Start,
+		txn:      newDeltaSet(),
+		resets:   make(map[string]bool),
+		pending:  newDeltaSet(),
 	}
 }
 
@@ -300,12 +310,20 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 			for _, op := range []cdc.Op{cdc.OpInsert, cdc.OpUpdate, cdc.OpDelete} {
 				rules[i].changed[op] = a.opt.Metrics.Changes.WithLabelValues(rules[i].counter, op.String())
 			}
+			if err := a.reportDegraded(&rules[i]); err != nil {
+				return err
+			}
 		}
 		a.rules[ev.Rel] = rules
 	}
 	for i := range rules {
 		r := &rules[i]
 		r.changed[ev.Op].Inc()
+		if r.degraded && ev.Op != cdc.OpInsert {
+			// The old row lacks a column the rule reads: not
+			// attributable. The counter is dirty until reconciled.
+			continue
+		}
 		oldC, err := r.contribute(ev.Old, ev.New)
 		if err != nil {
 			return fmt.Errorf("counter %s: %s on %s: %w", r.counter, ev.Op, ev.Rel.QualifiedName(), err)
@@ -331,6 +349,25 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 		}
 	}
 	return nil
+}
+
+// reportDegraded tells the daemon when a rule's binding changes whether its
+// counter can be kept.
+func (a *Aggregator) reportDegraded(r *rule) error {
+	if a.degraded[r.counter] == r.degraded {
+		return nil
+	}
+	a.degraded[r.counter] = r.degraded
+	if r.degraded {
+		a.log.Warn("a counter cannot be kept from the stream: only inserts are counted until the replica identity is back, and then it is reconciled",
+			zap.String("counter", r.counter), zap.String("why", r.why))
+	} else {
+		a.log.Info("a counter can be kept from the stream again", zap.String("counter", r.counter))
+	}
+	if a.opt.Degraded == nil {
+		return nil
+	}
+	return a.opt.Degraded(r.counter, r.degraded, r.why)
 }
 
 func (a *Aggregator) addKey(name string, key []byte, n int64) {

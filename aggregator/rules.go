@@ -27,6 +27,12 @@ type rule struct {
 	where []filter
 	// cols lists every column the rule reads, for identity checks.
 	cols []int
+	// degraded is set when the replica identity lacks a column the rule
+	// reads: old rows cannot be attributed, so only inserts are counted
+	// and the counter is dirty until the identity is back (why says
+	// which column).
+	degraded bool
+	why      string
 	// changed counts changes per operation (walcount_changes_total).
 	changed [4]prometheus.Counter
 }
@@ -45,9 +51,10 @@ type contribution struct {
 
 // bindRules binds the counters whose source is rel to rel's columns. It
 // fails with ErrNotAttributable when a needed column is missing (dropped or
-// renamed while walcount streams), or when the replica identity does not
-// carry it and old rows could therefore not be attributed (DESIGN §2 rule
-// 11); with counter.ErrUnsupportedSum when the summed column has no exact scale.
+// renamed while walcount streams), and with counter.ErrUnsupportedSum when
+// the summed column has no exact scale. A rule whose columns the replica
+// identity does not carry is bound degraded: old rows could not be
+// attributed (DESIGN rules 11 and 14).
 func bindRules(rel *cdc.Relation, counters []counter.Counter) ([]rule, error) {
 	var out []rule
 	for _, c := range counters {
@@ -82,8 +89,10 @@ func bindRules(rel *cdc.Relation, counters []counter.Counter) ([]rule, error) {
 		if rel.ReplicaIdentity != 'f' {
 			for _, i := range r.cols {
 				if !rel.Columns[i].Key {
-					return nil, fmt.Errorf("counter %s: %w: column %q of %s is not in its replica identity; run: ALTER TABLE %s REPLICA IDENTITY FULL",
-						c.Name, ErrNotAttributable, rel.Columns[i].Name, rel.QualifiedName(), rel.QualifiedName())
+					r.degraded = true
+					r.why = fmt.Sprintf("column %q of %s is not in its replica identity: its updates and deletes cannot be attributed (fix: ALTER TABLE %s REPLICA IDENTITY FULL)",
+						rel.Columns[i].Name, rel.QualifiedName(), rel.QualifiedName())
+					break
 				}
 			}
 		}

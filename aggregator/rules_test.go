@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
 	"sync/atomic"
@@ -87,10 +88,32 @@ func TestRuleAlgebra(t *testing.T) {
 func TestRuleErrors(t *testing.T) {
 	byDefault := &cdc.Relation{ID: 2, Namespace: "public", Name: "likes", ReplicaIdentity: 'd',
 		Columns: []cdc.Column{{Name: "id", Key: true}, {Name: "post_id"}}}
-	a := New(Options{Counters: []counter.Counter{countAll}})
+	// The identity lacks post_id: the counter is degraded, not stopped.
+	// Inserts still count; deletes cannot be attributed and are left to
+	// the reconciliation the daemon runs once the identity is back.
+	var reports []string
+	a := New(Options{Counters: []counter.Counter{countAll}, Degraded: func(c string, degraded bool, why string) error {
+		reports = append(reports, fmt.Sprintf("%s %v %s", c, degraded, why))
+		return nil
+	}})
 	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: byDefault, New: cdc.Tuple{Cols: []cdc.Value{txt("1"), txt("2")}}}
-	if err := a.change(&ev); !errors.Is(err, ErrNotAttributable) {
-		t.Fatalf("default identity without post_id: err = %v, want ErrNotAttributable", err)
+	if err := a.change(&ev); err != nil {
+		t.Fatalf("insert under a default identity without post_id: %v", err)
+	}
+	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpDelete, Rel: byDefault, Old: cdc.Tuple{Cols: []cdc.Value{txt("1"), {Kind: cdc.ValueNull}}}, OldIsKey: true}
+	if err := a.change(&ev); err != nil {
+		t.Fatalf("delete under a default identity without post_id: %v", err)
+	}
+	if got := a.txn.toMap(); len(got) != 1 || got[countAll.Name+":2"] != 1 {
+		t.Fatalf("deltas = %v, want the insert's +1 only", got)
+	}
+	if len(reports) != 1 || !strings.Contains(reports[0], "true") || !strings.Contains(reports[0], `column "post_id" of public.likes is not in its replica identity`) {
+		t.Fatalf("degraded reports = %q, want one naming post_id", reports)
+	}
+	fixed := &cdc.Relation{ID: 2, Namespace: "public", Name: "likes", ReplicaIdentity: 'f', Columns: byDefault.Columns}
+	ev = cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: fixed, New: cdc.Tuple{Cols: []cdc.Value{txt("3"), txt("2")}}}
+	if err := a.change(&ev); err != nil || len(reports) != 2 || !strings.Contains(reports[1], "false") {
+		t.Fatalf("after the identity came back: err = %v, reports %q; want the counter keepable again", err, reports)
 	}
 
 	a = New(Options{Counters: []counter.Counter{countAll}})

@@ -2,8 +2,11 @@ package reconcile
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/state"
 )
@@ -29,6 +33,13 @@ const (
 	// DefaultInterval is the pause between scheduled full
 	// reconciliations.
 	DefaultInterval = 24 * time.Hour
+	// DefaultLease is how long a claimed run stays this daemon's without
+	// a word from it; every batch renews it. A daemon that dies leaves the
+	// run to another once it expires.
+	DefaultLease = 2 * time.Minute
+	// DefaultPoll is how often the reconciler looks for runs queued by
+	// another walcount and for dirty counters to repair.
+	DefaultPoll = 2 * time.Second
 	// DefaultMaxAttempts is how often a batch is measured again after a
 	// session restart or a timeout before the run fails.
 	DefaultMaxAttempts = 20
@@ -67,6 +78,21 @@ type Options struct {
 	// Busy reports that the stream is behind; the reconciler pauses
 	// between batches while it is, so it never starves the stream.
 	Busy func() bool
+	// Streaming reports whether this daemon streams from the slot: only
+	// the streaming daemon executes runs, whoever queued them. Nil means
+	// always.
+	Streaming func() bool
+	// Keepable reports whether a counter can be kept from the stream
+	// again (its replica identity carries what it reads): a dirty counter
+	// is reconciled only then. Nil means always.
+	Keepable func(counter string) bool
+	// Owner names this daemon in the runs it claims; empty draws one.
+	Owner string
+	// Lease: default DefaultLease. Poll: default DefaultPoll.
+	Lease time.Duration
+	Poll  time.Duration
+	// Failpoints are armed by crash tests; nil in production.
+	Failpoints *failpoint.Set
 	// StepTimeout: default DefaultStepTimeout.
 	StepTimeout time.Duration
 	Metrics     *metrics.Metrics
@@ -105,6 +131,16 @@ func New(opt Options) *Reconciler {
 	}
 	if opt.StepTimeout <= 0 {
 		opt.StepTimeout = DefaultStepTimeout
+	}
+	if opt.Lease <= 0 {
+		opt.Lease = DefaultLease
+	}
+	if opt.Poll <= 0 {
+		opt.Poll = DefaultPoll
+	}
+	if opt.Owner == "" {
+		host, _ := os.Hostname()
+		opt.Owner = fmt.Sprintf("%s/%d/%x", host, os.Getpid(), rand.Uint32())
 	}
 	if opt.Logger == nil {
 		opt.Logger = zap.NewNop()
@@ -147,7 +183,8 @@ func (r *Reconciler) Status() Status {
 	return s
 }
 
-// Start queues an on-demand run and returns it.
+// Start queues an on-demand run and returns it. Any walcount of the slot
+// accepts it; the one that streams executes it.
 func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
 	r.mu.Lock()
 	busy, ready := r.current != nil, r.ready
@@ -188,7 +225,9 @@ func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
 }
 
 // Run executes runs until ctx is done: it resumes an unfinished run,
-// backfills new counters, then waits for requests and the schedule.
+// backfills new counters, repairs dirty ones, then waits for requests
+// (its own or queued through another walcount) and the schedule. It
+// executes runs only while this daemon streams.
 func (r *Reconciler) Run(ctx context.Context) error {
 	if err := r.waitStore(ctx); err != nil {
 		return err
@@ -201,9 +240,28 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.log.Error("backfill failed", zap.Error(err))
 		}
 	}
+	poll := time.NewTicker(r.opt.Poll)
+	defer poll.Stop()
+	defer func() {
+		// A clean stop hands the runs it held to the next walcount at
+		// once; a crash leaves them to the lease's expiry.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := r.runs.Release(rctx, r.opt.Owner); err != nil {
+			r.log.Debug("cannot release reconcile runs", zap.Error(err))
+		}
+	}()
 	for {
-		if err := r.runPending(ctx); err != nil && ctx.Err() == nil {
-			r.log.Error("reconciliation failed", zap.Error(err))
+		if r.streaming() {
+			if err := r.queueDirty(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("cannot queue the repair of dirty counters", zap.Error(err))
+			}
+			if err := r.runPending(ctx); err != nil && ctx.Err() == nil {
+				if errors.Is(err, failpoint.ErrCrash) {
+					return err
+				}
+				r.log.Error("reconciliation failed", zap.Error(err))
+			}
 		}
 		var timer <-chan time.Time
 		if r.opt.Interval > 0 {
@@ -218,12 +276,72 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-r.kick:
+		case <-poll.C:
 		case <-timer:
 			if _, err := r.runs.Create(ctx, state.KindScheduled, r.names(), false, r.opt.BatchSize); err != nil && ctx.Err() == nil {
 				r.log.Error("schedule reconciliation", zap.Error(err))
 			}
 		}
 	}
+}
+
+func (r *Reconciler) streaming() bool { return r.opt.Streaming == nil || r.opt.Streaming() }
+
+// queueDirty queues the repair of dirty counters that can be kept again:
+// one run per counter, over its dirty keys, or all its keys when the whole
+// counter is dirty. The run clears the marks it was made for once done.
+func (r *Reconciler) queueDirty(ctx context.Context) error {
+	marks, err := state.ListDirty(ctx, r.opt.Pool, r.opt.Slot)
+	if err != nil || len(marks) == 0 {
+		return err
+	}
+	if _, ok, err := r.runs.Unfinished(ctx); err != nil || ok {
+		return err // one run at a time; the marks wait for the next turn
+	}
+	type repair struct {
+		all  bool
+		keys []string
+		ids  []int64
+	}
+	by := map[string]*repair{}
+	var order []string
+	for _, m := range marks {
+		if _, ok := r.counter(m.Counter); !ok {
+			// The counter left the configuration: nothing to repair.
+			if err := state.ClearDirty(ctx, r.opt.Pool, []int64{m.ID}); err != nil {
+				return err
+			}
+			continue
+		}
+		if r.opt.Keepable != nil && !r.opt.Keepable(m.Counter) {
+			continue
+		}
+		rp := by[m.Counter]
+		if rp == nil {
+			rp = &repair{}
+			by[m.Counter] = rp
+			order = append(order, m.Counter)
+		}
+		rp.ids = append(rp.ids, m.ID)
+		if m.Key == nil {
+			rp.all = true
+		} else if !slices.Contains(rp.keys, *m.Key) {
+			rp.keys = append(rp.keys, *m.Key)
+		}
+	}
+	for _, name := range order {
+		rp := by[name]
+		run := RunInfo{Kind: state.KindDirty, Counters: []string{name}, BatchSize: r.opt.BatchSize, DirtyIDs: rp.ids}
+		if !rp.all {
+			slices.Sort(rp.keys)
+			run.Keys = rp.keys
+		}
+		if _, err := r.runs.CreateFor(ctx, run); err != nil {
+			return err
+		}
+		r.log.Info("repairing a dirty counter", zap.String("counter", name), zap.Bool("every_key", rp.all), zap.Int("keys", len(rp.keys)))
+	}
+	return nil
 }
 
 // waitStore waits until walcount's state schema is there, in the version
@@ -277,14 +395,20 @@ func (r *Reconciler) backfill(ctx context.Context) error {
 	return nil
 }
 
-// runPending executes every pending or interrupted run, oldest first.
+// runPending claims and executes every pending or interrupted run, oldest
+// first, while this daemon streams.
 func (r *Reconciler) runPending(ctx context.Context) error {
-	for ctx.Err() == nil {
-		run, ok, err := r.runs.Unfinished(ctx)
+	for ctx.Err() == nil && r.streaming() {
+		run, ok, err := r.runs.Claim(ctx, r.opt.Owner, r.opt.Lease)
 		if err != nil || !ok {
 			return err
 		}
 		if err := r.execute(ctx, run); err != nil {
+			if errors.Is(err, state.ErrLeaseLost) {
+				r.log.Warn("another walcount took the reconciliation run over", zap.Int64("run", run.ID))
+				r.finish(run)
+				continue
+			}
 			return err
 		}
 	}
@@ -297,7 +421,9 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	start := time.Now()
 	resumed := run.Status == state.StatusRunning
 	run.Status = state.StatusRunning
-	if !resumed {
+	if !resumed && run.Keys != nil {
+		run.Total = int64(len(run.Keys))
+	} else if !resumed {
 		run.Total = 0
 		for _, name := range run.Counters {
 			if c, ok := r.counter(name); ok {
@@ -317,7 +443,7 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	r.log.Info("reconciliation started", zap.Int64("run", run.ID), zap.String("kind", run.Kind),
 		zap.Strings("counters", run.Counters), zap.Bool("dry_run", run.DryRun), zap.Bool("resumed", resumed),
 		zap.Int64("total_keys", run.Total))
-	if err := r.runs.Progress(ctx, run); err != nil {
+	if err := r.runs.Progress(ctx, run, r.opt.Lease); err != nil {
 		return err
 	}
 	startIdx := 0
@@ -338,6 +464,9 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 			if ctx.Err() != nil {
 				return nil // resumes after restart
 			}
+			if errors.Is(err, state.ErrLeaseLost) || errors.Is(err, failpoint.ErrCrash) {
+				return err
+			}
 			return r.fail(ctx, run, err)
 		}
 		if run.Kind == state.KindBackfill && !run.DryRun {
@@ -349,8 +478,14 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	run.Status = state.StatusDone
 	now := time.Now()
 	run.FinishedAt = &now
-	if err := r.runs.Progress(ctx, run); err != nil {
+	if err := r.runs.Progress(ctx, run, r.opt.Lease); err != nil {
 		return err
+	}
+	if len(run.DirtyIDs) > 0 && !run.DryRun {
+		if err := state.ClearDirty(ctx, r.opt.Pool, run.DirtyIDs); err != nil {
+			return err
+		}
+		r.log.Info("dirty counter repaired", zap.Strings("counters", run.Counters), zap.Int64("corrected", run.Corrected))
 	}
 	r.finish(run)
 	r.log.Info("reconciliation done", zap.Int64("run", run.ID), zap.Int64("keys_checked", run.KeysChecked),
@@ -363,7 +498,7 @@ func (r *Reconciler) fail(ctx context.Context, run RunInfo, err error) error {
 	run.Error = err.Error()
 	now := time.Now()
 	run.FinishedAt = &now
-	if perr := r.runs.Progress(context.WithoutCancel(ctx), run); perr != nil {
+	if perr := r.runs.Progress(context.WithoutCancel(ctx), run, r.opt.Lease); perr != nil {
 		r.log.Error("save failed run", zap.Error(perr))
 	}
 	r.finish(run)
@@ -415,8 +550,10 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 		after = run.LastKey
 	}
 	for {
-		keys, err := r.scan(ctx, sql, after, run.BatchSize)
-		if err != nil {
+		var keys []string
+		if run.Keys != nil {
+			keys = nextKeys(run.Keys, run.LastKey, run.BatchSize)
+		} else if keys, err = r.scan(ctx, sql, after, run.BatchSize); err != nil {
 			return err
 		}
 		if len(keys) == 0 {
@@ -434,11 +571,24 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 		r.opt.Metrics.ReconcileKeysChecked.WithLabelValues(c.Name).Add(float64(len(keys)))
 		r.opt.Metrics.ReconcileCorrections.WithLabelValues(c.Name).Add(float64(len(applied)))
 		r.update(run, drift)
-		if err := r.runs.Progress(ctx, *run); err != nil {
+		if err := r.runs.Progress(ctx, *run, r.opt.Lease); err != nil {
 			return err
 		}
 		r.pace(ctx)
 	}
+}
+
+// nextKeys returns up to n of the sorted keys after last ("" for the
+// first).
+func nextKeys(keys []string, last string, n int) []string {
+	i := 0
+	if last != "" {
+		i, _ = slices.BinarySearch(keys, last)
+		if i < len(keys) && keys[i] == last {
+			i++
+		}
+	}
+	return keys[i:min(i+n, len(keys))]
 }
 
 // pace waits while the stream is behind, so reconciliation never starves
@@ -497,11 +647,47 @@ func (r *Reconciler) checkBatch(ctx context.Context, sql *counter.Resolved, keys
 			}
 		}
 	}
+	if len(second.applied) == 0 {
+		return drift, nil, nil
+	}
+	if err := r.correct(ctx, second.applied); err != nil {
+		return nil, nil, err
+	}
 	for _, d := range second.applied {
 		r.log.Warn("corrected drift", zap.String("counter", d.Counter), zap.String("key", d.Key),
 			zap.Int64("cached", d.Cached), zap.Int64("true", d.True), zap.Int64("correction", d.Correction))
 	}
 	return drift, second.applied, nil
+}
+
+// correct carries corrections through the WAL: one transactional message
+// holds them, the stream turns it into deltas of its transaction, and they
+// are flushed exactly once with everything else, even when walcount
+// crashes before that flush and the stream is replayed. They count as
+// applied only once W has passed the message, so a run's figures never
+// claim a correction that is not in the counter columns.
+func (r *Reconciler) correct(ctx context.Context, drift []KeyDrift) error {
+	c := correction{Correct: make(map[string]int64, len(drift)), Slot: r.opt.Slot}
+	for _, d := range drift {
+		c.Correct[counter.Field(d.Counter, d.Key)] = d.Correction
+	}
+	content, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, string(content)); err != nil {
+		return fmt.Errorf("emit corrections: %w", err)
+	}
+	if err := r.opt.Failpoints.Inject(failpoint.AfterCorrection); err != nil {
+		return err
+	}
+	// The message's transaction ends before the server's insert position
+	// read after it committed.
+	var end cdc.LSN
+	if err := r.opt.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end); err != nil {
+		return fmt.Errorf("read the position of the corrections: %w", err)
+	}
+	return r.waitCheckpoint(ctx, end, nil)
 }
 
 // measureRetrying repeats a measurement that a session restart or a

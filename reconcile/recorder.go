@@ -26,6 +26,18 @@ type marker struct {
 	Slot      string `json:"slot"`
 }
 
+// correction is the content of the message that carries a measurement's
+// corrections through the WAL (DESIGN §5, step 6): it reaches the stream
+// as an ordinary transaction, so the corrections are applied exactly once
+// with the deltas around them, even when walcount crashes before the flush
+// and the stream is replayed.
+type correction struct {
+	Correct map[string]int64 `json:"correct"`
+	Slot    string           `json:"slot"`
+}
+
+var correctTag = []byte(`"correct"`)
+
 // txnRecord is one recorded transaction: its deltas for a measurement's
 // keys.
 type txnRecord struct {
@@ -167,9 +179,21 @@ func (r *Recorder) setSnapshot(m *measurement, snap Snapshot, ws cdc.LSN, truth,
 var reconcileTag = []byte(`"reconcile"`)
 
 // HandleMessage is the aggregator's MessageHandler. At a measurement's M1
-// it computes the corrections and returns those to apply, as deltas of
-// M1's transaction.
+// it computes the corrections (the reconciler then emits those to apply);
+// at a correction message it returns the corrections, as deltas of the
+// message's transaction.
 func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error) {
+	if bytes.Contains(content, correctTag) {
+		var c correction
+		if err := json.Unmarshal(content, &c); err != nil || c.Slot != r.slot {
+			return nil, nil // not ours
+		}
+		deltas := make([]counter.Delta, 0, len(c.Correct))
+		for f, n := range c.Correct {
+			deltas = append(deltas, counter.Delta{Field: f, N: n})
+		}
+		return deltas, nil
+	}
 	if !bytes.Contains(content, reconcileTag) {
 		return nil, nil // a heartbeat
 	}
@@ -198,14 +222,12 @@ func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]count
 			r.finishLocked(m, m.invalid)
 			return nil, nil
 		}
-		out := m.evaluate()
-		m.out = out
+		// The corrections do not enter the stream here: they would be
+		// lost with this session if walcount crashed before the flush.
+		// The reconciler emits them in a message of their own.
+		m.out = m.evaluate()
 		r.finishLocked(m, nil)
-		deltas := make([]counter.Delta, 0, len(out.applied))
-		for _, d := range out.applied {
-			deltas = append(deltas, counter.Delta{Field: counter.Field(d.Counter, d.Key), N: d.Correction})
-		}
-		return deltas, nil
+		return nil, nil
 	}
 	return nil, nil
 }

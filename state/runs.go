@@ -25,7 +25,13 @@ const (
 	KindManual    = "manual"
 	KindScheduled = "scheduled"
 	KindBackfill  = "backfill"
+	// KindDirty repairs a dirty counter or dirty keys (DESIGN rule 14).
+	KindDirty = "dirty"
 )
+
+// ErrLeaseLost means another daemon took the run over: its lease of this
+// one expired (a stall longer than the lease).
+var ErrLeaseLost = errors.New("another walcount took the reconciliation run over")
 
 // Run is one reconciliation run as /status and walcount reconcile
 // show it.
@@ -45,6 +51,14 @@ type Run struct {
 	Error       string     `json:"error,omitempty"`
 	StartedAt   time.Time  `json:"started_at"`
 	FinishedAt  *time.Time `json:"finished_at,omitempty"`
+	// Owner names the daemon that executes the run, while its lease
+	// lasts.
+	Owner string `json:"owner,omitempty"`
+	// Keys limits the run to these keys of its one counter; nil means
+	// every key.
+	Keys []string `json:"keys,omitempty"`
+	// DirtyIDs are the dirty marks the run clears when it is done.
+	DirtyIDs []int64 `json:"dirty_ids,omitempty"`
 	// Drift lists drifted keys found (up to MaxDriftSamples).
 	Drift []KeyDrift `json:"drift,omitempty"`
 }
@@ -72,19 +86,45 @@ type Runs struct {
 func NewRuns(q Querier, slot string) Runs { return Runs{q: q, slot: slot} }
 
 const runCols = `id, kind, counters, dry_run, batch_size, status, coalesce(cur_counter, ''), coalesce(last_key, ''),
-total, keys_checked, drifted, corrected, coalesce(error, ''), started_at, finished_at`
+total, keys_checked, drifted, corrected, coalesce(error, ''), started_at, finished_at, coalesce(owner, ''), keys, dirty_ids`
 
 func scanRun(row pgx.Row) (Run, error) {
 	var r Run
 	err := row.Scan(&r.ID, &r.Kind, &r.Counters, &r.DryRun, &r.BatchSize, &r.Status, &r.CurCounter, &r.LastKey,
-		&r.Total, &r.KeysChecked, &r.Drifted, &r.Corrected, &r.Error, &r.StartedAt, &r.FinishedAt)
+		&r.Total, &r.KeysChecked, &r.Drifted, &r.Corrected, &r.Error, &r.StartedAt, &r.FinishedAt, &r.Owner, &r.Keys, &r.DirtyIDs)
 	return r, err
 }
 
 // Create records a pending run.
 func (s Runs) Create(ctx context.Context, kind string, counters []string, dry bool, batch int) (Run, error) {
-	return scanRun(s.q.QueryRow(ctx, `INSERT INTO walcount.reconcile_runs (slot_name, kind, counters, dry_run, batch_size, status)
-VALUES ($1, $2, $3, $4, $5, 'pending') RETURNING `+runCols, s.slot, kind, counters, dry, batch))
+	return s.CreateFor(ctx, Run{Kind: kind, Counters: counters, DryRun: dry, BatchSize: batch})
+}
+
+// CreateFor records a pending run of r's kind, counters, keys and dirty
+// marks.
+func (s Runs) CreateFor(ctx context.Context, r Run) (Run, error) {
+	return scanRun(s.q.QueryRow(ctx, `INSERT INTO walcount.reconcile_runs (slot_name, kind, counters, dry_run, batch_size, status, keys, dirty_ids)
+VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7) RETURNING `+runCols, s.slot, r.Kind, r.Counters, r.DryRun, r.BatchSize, r.Keys, r.DirtyIDs))
+}
+
+// Claim takes the oldest unfinished run that nobody holds (no owner, or a
+// lease that expired) or that owner already holds, and gives owner a lease
+// of lease on it. Two daemons never execute one run: the row lock and SKIP
+// LOCKED let one of them claim it, and the other finds it held.
+func (s Runs) Claim(ctx context.Context, owner string, lease time.Duration) (Run, bool, error) {
+	r, err := scanRun(s.q.QueryRow(ctx, `UPDATE walcount.reconcile_runs SET owner = $2, lease_until = now() + $3::float8 * interval '1 second', updated_at = now()
+WHERE id = (SELECT id FROM walcount.reconcile_runs
+            WHERE slot_name = $1 AND status IN ('pending', 'running')
+              AND (owner IS NULL OR owner = $2 OR lease_until < now())
+            ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING `+runCols, s.slot, owner, lease.Seconds()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("claim a reconcile run: %w", err)
+	}
+	return r, true, nil
 }
 
 // Unfinished returns the oldest run that did not finish, to resume it.
@@ -107,14 +147,33 @@ func (s Runs) LastFinished(ctx context.Context) (time.Time, bool, error) {
 	return *t, true, nil
 }
 
-// Progress saves a run's figures and status.
-func (s Runs) Progress(ctx context.Context, r Run) error {
-	_, err := s.q.Exec(ctx, `UPDATE walcount.reconcile_runs SET status = $2, cur_counter = $3, last_key = $4,
+// Release gives up owner's leases on unfinished runs, so that another
+// walcount resumes them at once instead of after the lease: a daemon
+// calls it when it stops.
+func (s Runs) Release(ctx context.Context, owner string) error {
+	if _, err := s.q.Exec(ctx, `UPDATE walcount.reconcile_runs SET owner = NULL, lease_until = NULL
+WHERE slot_name = $1 AND owner = $2 AND status IN ('pending', 'running')`, s.slot, owner); err != nil {
+		return fmt.Errorf("release reconcile runs: %w", err)
+	}
+	return nil
+}
+
+// Progress saves a run's figures and status and renews its owner's lease.
+// A run that names an owner is saved only while that owner holds it: it
+// fails with ErrLeaseLost once another daemon took it over, so that the
+// record's figures are always the executing daemon's.
+func (s Runs) Progress(ctx context.Context, r Run, lease time.Duration) error {
+	tag, err := s.q.Exec(ctx, `UPDATE walcount.reconcile_runs SET status = $2, cur_counter = $3, last_key = $4,
 total = $5, keys_checked = $6, drifted = $7, corrected = $8, error = nullif($9, ''), updated_at = now(),
-finished_at = CASE WHEN $2 IN ('done', 'failed') THEN now() END
-WHERE id = $1`, r.ID, r.Status, r.CurCounter, r.LastKey, r.Total, r.KeysChecked, r.Drifted, r.Corrected, r.Error)
+finished_at = CASE WHEN $2 IN ('done', 'failed') THEN now() END,
+lease_until = CASE WHEN $2 IN ('done', 'failed') THEN NULL ELSE now() + $11::float8 * interval '1 second' END
+WHERE id = $1 AND (owner IS NULL AND $10 = '' OR owner = $10)`, r.ID, r.Status, r.CurCounter, r.LastKey, r.Total, r.KeysChecked, r.Drifted, r.Corrected, r.Error,
+		r.Owner, lease.Seconds())
 	if err != nil {
 		return fmt.Errorf("save reconcile progress: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("save reconcile progress of run %d: %w", r.ID, ErrLeaseLost)
 	}
 	return nil
 }

@@ -105,6 +105,9 @@ type daemonState struct {
 	// redisEviction says why Redis may evict walcount's keys; empty when
 	// it may not, or when its settings cannot be read.
 	redisEviction string
+	// degraded holds the counters that cannot be kept from the stream
+	// right now (see aggregator.Options.Degraded).
+	degraded map[string]bool
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.
@@ -225,6 +228,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() {
 		defer close(recDone)
 		if err := d.rec.Run(ctx); err != nil {
+			if errors.Is(err, failpoint.ErrCrash) {
+				cancel(err) // a crash test: stop as a killed process would
+				return
+			}
 			d.log.Error("reconciler stopped", zap.Error(err))
 		}
 	}()
@@ -246,7 +253,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for {
 		start := time.Now()
 		err := d.session(ctx)
-		if cause := context.Cause(ctx); isSlotLost(cause) {
+		if cause := context.Cause(ctx); isSlotLost(cause) || errors.Is(cause, failpoint.ErrCrash) {
 			d.setErr(cause)
 			d.logStop(cause)
 			return cause

@@ -23,17 +23,35 @@ func (d *Daemon) newReconciler() *reconcile.Reconciler {
 		every = *d.cfg.Reconcile.Interval
 	}
 	return reconcile.New(reconcile.Options{
-		Pool:      d.pool,
-		Slot:      d.cfg.Slot,
-		Counters:  d.cfg.Counters,
-		BatchSize: d.cfg.Reconcile.BatchSize,
-		Interval:  every,
-		Backfill:  true,
-		Flush:     d.flushNow,
-		Busy:      d.busy,
-		Metrics:   d.m,
-		Logger:    d.log,
+		Pool:       d.pool,
+		Slot:       d.cfg.Slot,
+		Counters:   d.cfg.Counters,
+		BatchSize:  d.cfg.Reconcile.BatchSize,
+		Interval:   every,
+		Backfill:   true,
+		Flush:      d.flushNow,
+		Busy:       d.busy,
+		Streaming:  d.streaming,
+		Keepable:   d.keepable,
+		Metrics:    d.m,
+		Logger:     d.log,
+		Failpoints: d.opt.Failpoints,
 	})
+}
+
+// streaming reports whether a session streams from the slot.
+func (d *Daemon) streaming() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.state.streaming
+}
+
+// keepable reports whether counter can be kept from the stream: false while
+// its source's replica identity lacks a column it reads.
+func (d *Daemon) keepable(name string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.state.degraded[name]
 }
 
 // ReconcileHandler serves POST /v1/reconcile.
@@ -88,4 +106,23 @@ func (d *Daemon) markDirty(fields []string, cause string) error {
 		d.log.Warn("keys marked dirty: reconciliation will measure them", zap.String("counter", name), zap.Int("keys", len(keys)), zap.String("cause", cause))
 	}
 	return nil
+}
+
+// markDegraded is the aggregator's DegradedFunc: a counter that cannot be
+// kept from the stream is marked dirty, durably, before the changes it
+// skips are acknowledged; once it can be kept again, the reconciler repairs
+// it (DESIGN rule 14).
+func (d *Daemon) markDegraded(name string, degraded bool, why string) error {
+	d.mu.Lock()
+	if d.state.degraded == nil {
+		d.state.degraded = map[string]bool{}
+	}
+	d.state.degraded[name] = degraded
+	d.mu.Unlock()
+	if !degraded {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return state.MarkDirty(ctx, d.pool, d.cfg.Slot, name, nil, why)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/state"
@@ -34,6 +35,9 @@ func (d *Daemon) session(ctx context.Context) error {
 	}
 	if ctx.Err() == nil {
 		return errors.New("replication stream ended")
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, failpoint.ErrCrash) {
+		return cause // a simulated crash: no final flush
 	}
 	s.finalFlush(ctx)
 	return nil
@@ -162,6 +166,7 @@ func (s *liveSession) run(ctx context.Context) error {
 		Counters:   d.cfg.Counters,
 		Flushes:    d.flushes,
 		Dirty:      d.markDirty,
+		Degraded:   d.markDegraded,
 		Buffer:     d.buf,
 		Barrier:    s.flusher,
 		Start:      s.start,

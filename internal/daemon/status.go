@@ -61,6 +61,11 @@ type Status struct {
 	// Counters lists the configured counters with what this process has
 	// done for each since it started.
 	Counters []CounterStatus `json:"counters"`
+	// Dirty lists what walcount cannot vouch for until reconciliation
+	// repaired it, with the cause; Degraded the counters it cannot keep
+	// from the stream right now (their repair waits until it can).
+	Dirty    []state.Dirty `json:"dirty,omitempty"`
+	Degraded []string      `json:"degraded,omitempty"`
 	// RedisEviction says why Redis may evict walcount's keys, with the
 	// fix; absent when it may not.
 	RedisEviction string              `json:"redis_eviction,omitempty"`
@@ -106,6 +111,7 @@ type snapshot struct {
 	bufferKeys *int64
 	queueDepth int
 	queueBytes int64
+	dirty      []state.Dirty
 }
 
 // observe refreshes the sampled metrics every MetricsInterval until ctx is
@@ -217,6 +223,20 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 		s.bufferKeys = &n
 		d.m.BufferKeys.Set(float64(n))
 	}
+	if dirty, err := state.ListDirty(rctx, d.pool, d.cfg.Slot); err == nil {
+		s.dirty = dirty
+		marked := map[string]bool{}
+		for _, m := range dirty {
+			marked[m.Counter] = true
+		}
+		for _, c := range d.cfg.Counters {
+			v := 0.0
+			if marked[c.Name] {
+				v = 1
+			}
+			d.m.CounterDirty.WithLabelValues(c.Name).Set(v)
+		}
+	}
 	return s
 }
 
@@ -259,6 +279,12 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		BufferKeys:     smp.bufferKeys,
 		QueueDepth:     smp.queueDepth,
 		RedisEviction:  st.redisEviction,
+		Dirty:          smp.dirty,
+	}
+	for _, c := range d.cfg.Counters {
+		if !d.keepable(c.Name) {
+			s.Degraded = append(s.Degraded, c.Name)
+		}
 	}
 	s.Reconcile = d.rec.Status()
 	for _, c := range d.cfg.Counters {

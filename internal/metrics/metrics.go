@@ -156,6 +156,10 @@ type Metrics struct {
 
 	// Reconciliation (DESIGN §5).
 
+	// CounterDirty is 1 for a counter walcount cannot vouch for until a
+	// reconciliation repaired it (part of its history was not seen), 0
+	// otherwise.
+	CounterDirty *prometheus.GaugeVec
 	// ReconcileCorrections counts corrections applied, by counter.
 	ReconcileCorrections *prometheus.CounterVec
 	// ReconcileKeysChecked counts keys measured, by counter.
@@ -249,6 +253,10 @@ func New() *Metrics {
 			Buckets: ApplyLagBuckets,
 		}),
 
+		CounterDirty: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "counter_dirty",
+			Help: "1 while a counter (or some of its keys) is dirty: part of its history was not seen, and walcount repairs it by reconciliation; 0 otherwise.",
+		}, []string{LabelCounter}),
 		ReconcileCorrections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "reconcile_corrections_total",
 			Help: "Corrections applied by reconciliation, by counter.",
@@ -272,7 +280,7 @@ func New() *Metrics {
 		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
 		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
-		m.ReconcileCorrections, m.ReconcileKeysChecked,
+		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
 		m.BuildInfo,
 	)
 
@@ -349,6 +357,7 @@ func (m *Metrics) InitCounter(name string) {
 	m.DeltasDropped.WithLabelValues(name)
 	m.ReconcileCorrections.WithLabelValues(name)
 	m.ReconcileKeysChecked.WithLabelValues(name)
+	m.CounterDirty.WithLabelValues(name).Set(0)
 }
 
 func gauge(name, help string) prometheus.Gauge {

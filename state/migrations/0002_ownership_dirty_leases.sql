@@ -26,10 +26,14 @@ CREATE TABLE walcount.dirty (
 CREATE INDEX dirty_slot_counter ON walcount.dirty (slot_name, counter);
 
 -- A run is executed by the daemon that holds its lease; a lease that
--- expired (its daemon died) may be taken over.
+-- expired (its daemon died) may be taken over. A run may measure chosen
+-- keys only (a dirty mark's), and clears the dirty marks it was made for
+-- once it is done.
 ALTER TABLE walcount.reconcile_runs
     ADD COLUMN owner       text,
-    ADD COLUMN lease_until timestamptz;
+    ADD COLUMN lease_until timestamptz,
+    ADD COLUMN keys        text[],
+    ADD COLUMN dirty_ids   bigint[];
 
 -- The publication each slot reads, so that teardown drops a publication
 -- only when no other slot uses it.
