@@ -3,17 +3,37 @@
 GO ?= go
 BIN = bin/walcount
 
-.PHONY: all build deps test test-matrix pg lint demo bench clean
+.PHONY: all build install deps deps-demo deps-bench test test-matrix pg lint demo bench clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/walcount
 
+# install builds walcount and copies it to $(PREFIX)/bin when PREFIX is
+# given (make install PREFIX=/usr/local), else to $(GOBIN) when it is set,
+# else to the first GOPATH's bin ($(HOME)/go/bin by default): where
+# `go install` puts it too.
+PREFIX ?=
+GOBIN ?= $(shell $(GO) env GOBIN)
+INSTALL_DIR = $(if $(PREFIX),$(PREFIX)/bin,$(if $(GOBIN),$(GOBIN),$(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin))
+install: build
+	mkdir -p "$(INSTALL_DIR)"
+	cp $(BIN) "$(INSTALL_DIR)/walcount"
+	@echo "installed $(INSTALL_DIR)/walcount"
+	@case ":$$PATH:" in *":$(INSTALL_DIR):"*) ;; *) echo "note: $(INSTALL_DIR) is not in PATH; add it, e.g. export PATH=\"$(INSTALL_DIR):\$$PATH\"" ;; esac
+
 # deps installs (as root) or names what the tests need: PostgreSQL >= 14
-# server binaries, redis-server and promtool.
+# server binaries, redis-server and promtool. deps-demo and deps-bench
+# need no promtool.
 deps:
-	sh scripts/ensure-deps.sh
+	sh scripts/ensure-deps.sh test
+
+deps-demo:
+	sh scripts/ensure-deps.sh demo
+
+deps-bench:
+	sh scripts/ensure-deps.sh bench
 
 test: deps
 	$(GO) vet ./...
@@ -46,13 +66,13 @@ lint:
 
 # demo runs walcount against throwaway servers under load and verifies every
 # count; pass flags with DEMO_FLAGS, e.g. make demo DEMO_FLAGS="--duration 1m".
-demo: deps build
+demo: deps-demo build
 	./$(BIN) demo $(DEMO_FLAGS)
 
 # bench measures walcount against the alternatives on this machine (about 10
 # minutes) and writes bench/results/; QUICK=1 makes it a short run (-quick,
 # about a minute). Pass more flags with BENCH_FLAGS (go run ./bench -h).
-bench: deps build
+bench: deps-bench build
 	@quick=; if [ -n "$(QUICK)" ] && [ "$(QUICK)" != 0 ]; then quick=-quick; fi; \
 	echo "$(GO) run ./bench $$quick $(BENCH_FLAGS)"; \
 	$(GO) run ./bench $$quick $(BENCH_FLAGS)

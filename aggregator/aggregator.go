@@ -70,7 +70,7 @@ type DegradedFunc func(counter string, degraded bool, why string) error
 
 // DirtyFunc marks counter keys (buffer fields) dirty, durably, with the
 // cause: walcount cannot vouch for them and reconciliation must measure
-// them (DESIGN rule 14).
+// them (design rule 14).
 type DirtyFunc func(fields []string, cause string) error
 
 // Options configure an Aggregator.
@@ -91,12 +91,19 @@ type Options struct {
 	Flushes  FlushLog
 	Dirty    DirtyFunc
 	Degraded DegradedFunc
+	// WasDegraded are the counters an earlier session reported degraded:
+	// the first binding that finds their source's identity whole again
+	// reports them keepable.
+	WasDegraded []string
 	// MaxPendingKeys: default DefaultMaxPendingKeys.
 	MaxPendingKeys int
 	// MaxPendingAge: default DefaultMaxPendingAge.
 	MaxPendingAge time.Duration
 	Metrics       *metrics.Metrics
-	Logger        *zap.Logger
+	// Tally, when not nil, counts the changes per counter and operation
+	// for /status, across sessions.
+	Tally  *counter.Tally
+	Logger *zap.Logger
 	// Failpoints are armed by crash tests; nil in production.
 	Failpoints *failpoint.Set
 }
@@ -149,7 +156,7 @@ func New(opt Options) *Aggregator {
 		log:      opt.Logger,
 		rules:    make(map[*cdc.Relation][]rule),
 		targets:  make(map[*cdc.Relation][]targetRule),
-		degraded: make(map[string]bool),
+		degraded: degradedSet(opt.WasDegraded),
 		lc:       newLifecycle(),
 		prev:     opt.Start,
 		txn:      newDeltaSet(),
@@ -253,6 +260,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 				}
 				a.resets[c.Name] = true
 				a.opt.Metrics.Changes.WithLabelValues(c.Name, "truncate").Inc()
+				a.opt.Tally.Add(c.Name, "truncate", 1)
 				// Deltas of this counter earlier in the transaction are
 				// erased by the TRUNCATE.
 				a.txn.dropCounter(c.Name)
@@ -309,6 +317,7 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 		for i := range rules {
 			for _, op := range []cdc.Op{cdc.OpInsert, cdc.OpUpdate, cdc.OpDelete} {
 				rules[i].changed[op] = a.opt.Metrics.Changes.WithLabelValues(rules[i].counter, op.String())
+				rules[i].tallied[op] = a.opt.Tally.Cell(rules[i].counter, op.String())
 			}
 			if err := a.reportDegraded(&rules[i]); err != nil {
 				return err
@@ -319,6 +328,7 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 	for i := range rules {
 		r := &rules[i]
 		r.changed[ev.Op].Inc()
+		r.tallied[ev.Op].Add(1)
 		if r.degraded && ev.Op != cdc.OpInsert {
 			// The old row lacks a column the rule reads: not
 			// attributable. The counter is dirty until reconciled.
@@ -368,6 +378,14 @@ func (a *Aggregator) reportDegraded(r *rule) error {
 		return nil
 	}
 	return a.opt.Degraded(r.counter, r.degraded, r.why)
+}
+
+func degradedSet(names []string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
 }
 
 func (a *Aggregator) addKey(name string, key []byte, n int64) {

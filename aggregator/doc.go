@@ -2,14 +2,14 @@
 // deltas and writes them to the Redis buffer in coalesced batches.
 //
 // Each counter rule maps a row to a contribution (key, amount); a change
-// adds contribution(new) − contribution(old) (DESIGN §3), so an UPDATE that
+// adds contribution(new) − contribution(old) (docs/design.md §3), so an UPDATE that
 // moves a like to another post yields −1 for the old post and +1 for the
 // new one, and a no-op UPDATE yields nothing.
 //
 // Deltas of a transaction are kept apart until its COMMIT arrives, then
 // merged into the pending batch. The pending batch, which spans many
 // transactions, goes to Redis in one Lua call that also moves meta.lsn
-// from the previous batch's end to this batch's last end LSN (DESIGN §2
+// from the previous batch's end to this batch's last end LSN (design
 // rule 5). Transactions whose end LSN is at or below what Redis or
 // PostgreSQL already hold are dropped whole (rule 4): after a reconnect
 // the server resends from the confirmed position, and mixing a resent

@@ -10,7 +10,7 @@ import (
 	"github.com/walcount/walcount/counter"
 )
 
-// The target rows' lifecycle (DESIGN rule 17). A counter column belongs to
+// The target rows' lifecycle (design rule 17). A counter column belongs to
 // one incarnation of its target row. When the row is deleted, the deltas
 // buffered for its key must not reach a row inserted later with the same
 // key; when its key changes (ON UPDATE CASCADE), its deltas follow it, and
@@ -36,7 +36,7 @@ import (
 // crossed; the flusher's FlushLog holds what it applied, and the
 // aggregator adds the deltas that undo the misplaced part at the marker.
 // Without the record (a restart in between) the keys involved are marked
-// dirty, to be reconciled (DESIGN rule 14).
+// dirty, to be reconciled (design rule 14).
 
 // targetRule is a counter whose target is a relation: key is the column
 // index of its target key.

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,8 +34,10 @@ type rule struct {
 	// which column).
 	degraded bool
 	why      string
-	// changed counts changes per operation (walcount_changes_total).
+	// changed counts changes per operation (walcount_changes_total);
+	// tallied is the same count in the daemon's Tally, for /status.
 	changed [4]prometheus.Counter
+	tallied [4]*atomic.Int64
 }
 
 type filter struct {
@@ -54,7 +57,7 @@ type contribution struct {
 // renamed while walcount streams), and with counter.ErrUnsupportedSum when
 // the summed column has no exact scale. A rule whose columns the replica
 // identity does not carry is bound degraded: old rows could not be
-// attributed (DESIGN rules 11 and 14).
+// attributed (design rules 11 and 14).
 func bindRules(rel *cdc.Relation, counters []counter.Counter) ([]rule, error) {
 	var out []rule
 	for _, c := range counters {

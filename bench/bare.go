@@ -26,7 +26,7 @@ type bareResult struct {
 // the same transport (a replication connection to a pgoutput slot with
 // the same publication and options) that decodes every message with
 // pglogrepl.Parse and throws it away. It acknowledges what it received at
-// once, which is fine here and wrong for walcount (DESIGN §2 rule 3). It
+// once, which is fine here and wrong for walcount (design rule 3). It
 // returns when a transaction ending past end has arrived.
 func bareDrain(ctx context.Context, url, publication string, end pglogrepl.LSN) (bareResult, error) {
 	var res bareResult

@@ -10,10 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/state"
@@ -214,7 +214,11 @@ func (c *cluster) postUpdates(ctx context.Context) (int64, error) {
 // redisScriptCalls returns how many scripts (EVALSHA and EVAL) Redis has
 // run: walcount writes to Redis only through scripts.
 func (c *cluster) redisScriptCalls(ctx context.Context) (int64, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: c.redis.Addr()})
+	ropt, err := redisconn.Parse(c.redis.URL(), redisconn.TLSOptions{})
+	if err != nil {
+		return 0, err
+	}
+	rdb := redisconn.New(ropt, nil)
 	defer rdb.Close()
 	info, err := rdb.Info(ctx, "commandstats").Result()
 	if err != nil {

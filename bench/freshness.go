@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/stats"
 )
 
 // Freshness run.
@@ -43,12 +44,8 @@ type freshResult struct {
 	exact           bool
 }
 
-func (r freshResult) probe(q float64) time.Duration {
-	if len(r.probes) == 0 {
-		return 0
-	}
-	return r.probes[min(int(q*float64(len(r.probes))), len(r.probes)-1)]
-}
+// probe returns the q-quantile of the probes' delays; probes is sorted.
+func (r freshResult) probe(q float64) time.Duration { return stats.Quantile(r.probes, q) }
 
 // runFreshness measures apply lag at a fixed rate on a fresh cluster.
 func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, error) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/walcount/walcount/internal/stats"
 )
 
 // Workloads: which post a like goes to.
@@ -26,6 +27,8 @@ const (
 type workload struct {
 	name string
 	hot  bool
+	// uniform, when set, draws posts uniformly from 1..uniform.
+	uniform int64
 }
 
 var workloads = []workload{{name: "hot post", hot: true}, {name: "Zipf over 10k posts"}}
@@ -36,6 +39,9 @@ func (w workload) picker(seed uint64) func() int64 {
 		return func() int64 { return hotPost }
 	}
 	rng := rand.New(rand.NewPCG(seed, 0xbe7c4))
+	if w.uniform > 0 {
+		return func() int64 { return 1 + rng.Int64N(w.uniform) }
+	}
 	z := rand.NewZipf(rng, zipfS, 1, zipfPosts-1)
 	return func() int64 { return int64(z.Uint64()) + 1 }
 }
@@ -79,13 +85,8 @@ func (r runResult) merge(o runResult) runResult {
 
 func (r runResult) tps() float64 { return float64(r.txns) / r.elapsed.Seconds() }
 
-func (r runResult) quantile(q float64) time.Duration {
-	if len(r.latencies) == 0 {
-		return 0
-	}
-	i := int(q * float64(len(r.latencies)))
-	return r.latencies[min(i, len(r.latencies)-1)]
-}
+// quantile returns the q-quantile of the latencies, which are sorted.
+func (r runResult) quantile(q float64) time.Duration { return stats.Quantile(r.latencies, q) }
 
 // closedLoop runs clients that each write likes back to back for
 // warmup+measure; what completes inside the measurement window counts.

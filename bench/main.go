@@ -51,7 +51,15 @@ type bench struct {
 	freshWarmup  time.Duration
 	freshMeasure time.Duration
 	freshRate    float64
-	log          io.Writer
+	// reconcilePosts overrides the reconcile section's table size;
+	// reconcileBatch its passes' batch size (0: the daemon's default).
+	reconcilePosts int64
+	reconcileBatch int
+	// reconcileWalcountFlags are added to the section's walcount run.
+	reconcileWalcountFlags []string
+	// reconcileWrite measures the write path during passes.
+	reconcileWrite bool
+	log            io.Writer
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -117,12 +125,20 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile (default all)")
+	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
+	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
 	flag.Float64Var(&b.freshRate, "fresh-rate", 0, "likes/s of the freshness run (default half the 1-row drain rate)")
 	flag.StringVar(&dataDir, "data-dir", os.TempDir(), "directory for the clusters (on the disk being measured)")
 	flag.StringVar(&rev, "rev", rev, "the walcount revision measured, for the report (default: this checkout's commit)")
+	flag.BoolVar(&b.reconcileWrite, "reconcile-write", true, "measure the app's write path during passes in the reconcile section")
+	var reconcileDebug bool
+	flag.BoolVar(&reconcileDebug, "reconcile-debug", false, "run the reconcile section's walcount at debug level and keep its log")
 	flag.Parse()
+	if reconcileDebug {
+		b.reconcileWalcountFlags = []string{"--log-level", "debug"}
+	}
 
 	b.rounds, b.warmup, b.measure, b.backlog = fullRounds, fullWarmup, fullMeasure, fullBacklog
 	b.freshWarmup, b.freshMeasure = fullFreshWarmup, fullFreshMeasure
@@ -130,13 +146,13 @@ func run() int {
 		b.rounds, b.warmup, b.measure, b.backlog = quickRounds, quickWarmup, quickMeasure, quickBacklog
 		b.freshWarmup, b.freshMeasure = quickFreshWarmup, quickFreshMeasure
 	}
-	sections := map[string]bool{"write": true, "drain": true, "fresh": true}
+	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true}
 	if only != "" {
 		sections = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain or fresh)\n", s)
+			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh or reconcile)\n", s)
 				return 2
 			}
 			sections[s] = true
@@ -168,6 +184,17 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
+	if only != "" {
+		var names []string
+		for _, s := range []string{"write", "drain", "fresh", "reconcile"} {
+			if sections[s] {
+				names = append(names, s)
+			}
+		}
+		if len(names) < 4 {
+			r.only = strings.Join(names, "+")
+		}
+	}
 	busy := startBusyMeter()
 	b.logf("walcount bench (%s) on %s", r.mode(), r.machine.summary())
 
@@ -197,6 +224,20 @@ func run() int {
 			r.fresh = append(r.fresh, fr)
 		}
 	}
+	if sections["reconcile"] {
+		b.logf("7. reconciliation of a large table")
+		started := time.Now()
+		rr, err := runReconcile(ctx, b)
+		r.reconcile = rr
+		if rr != nil {
+			rr.took = time.Since(started)
+		}
+		if err != nil {
+			// The figures so far go into the report, which says why
+			// the section failed; the run fails.
+			r.reconcileErr = err
+		}
+	}
 	r.elapsed = time.Since(r.started)
 	r.busy = busy.String()
 
@@ -205,6 +246,11 @@ func run() int {
 	if b.profileDir != "" {
 		b.logf("profile mode: results not written to %s", b.outDir)
 		return 0
+	}
+	if r.reconcileErr != nil {
+		// A pass that did not find exactly the injected drift fails the
+		// bench loudly, and its figures are not saved as the latest.
+		return fail(r.reconcileErr)
 	}
 	if err := r.save(b.outDir); err != nil {
 		return fail(err)

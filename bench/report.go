@@ -18,10 +18,16 @@ type results struct {
 	started time.Time
 	elapsed time.Duration
 	quick   bool
+	// only names the sections of a run of some sections, joined by '+';
+	// empty when every section ran.
+	only    string
 	machine machine
 	write   *writeResults
 	drain   []drainResult
 	fresh   []freshResult
+	// reconcile is section 7; reconcileErr says why it failed.
+	reconcile    *reconcileResult
+	reconcileErr error
 	// busy describes the load average and CPU steal during the run.
 	busy string
 	rev  string // the walcount revision measured
@@ -35,12 +41,23 @@ func (r *results) mode() string {
 }
 
 // latestName is the base name of the files a run overwrites: a quick run
-// keeps its own, so it never replaces the full run's figures.
+// and a run of some sections (-only) keep their own, so they never replace
+// the full run's figures.
 func (r *results) latestName() string {
-	if r.quick {
-		return "latest-quick"
+	return "latest" + r.suffix()
+}
+
+// suffix is what a quick run and a run of some sections add to the names
+// of their files: -quick, -<sections>.
+func (r *results) suffix() string {
+	s := ""
+	if r.only != "" {
+		s += "-" + r.only
 	}
-	return "latest"
+	if r.quick {
+		s += "-quick"
+	}
+	return s
 }
 
 // save stores the table as <date>.md and latest.md, and the chart as
@@ -50,10 +67,7 @@ func (r *results) save(dir string) error {
 		return err
 	}
 	md := r.markdown()
-	dated := r.started.Format("2006-01-02")
-	if r.quick {
-		dated += "-quick"
-	}
+	dated := r.started.Format("2006-01-02") + r.suffix()
 	files := map[string]string{dated + ".md": md, r.latestName() + ".md": md}
 	if r.write != nil {
 		files[r.latestName()+".svg"] = r.svg()
@@ -99,6 +113,9 @@ func (r *results) markdown() string {
 	r.amplificationSection(&b)
 	r.costSection(&b)
 	r.readerSection(&b)
+	if r.reconcile != nil {
+		r.reconcileSection(&b)
+	}
 	r.targetsSection(&b)
 	return b.String()
 }
@@ -366,6 +383,12 @@ func (r *results) targetsSection(b *strings.Builder) {
 		limit := config.DefaultFlushInterval + 250*time.Millisecond
 		lines = append(lines, fmt.Sprintf("- freshness p99 ≤ flush interval + 250 ms (%s) at %s likes/s: %s (probe p99 %s; histogram p99 %s)",
 			dur(limit), thousands(f.achieved), yesNo(f.probe(0.99) <= limit), dur(f.probe(0.99)), seconds(f.lagP99)))
+	}
+	if x := r.reconcile; x != nil && x.pass.elapsed > 0 && x.truth > 0 {
+		q := x.pass.elapsed.Seconds() / x.truth.Seconds()
+		lines = append(lines, fmt.Sprintf("- full reconciliation pass ≤ 3 × one truth computation: %s (%.2f×: %s against %s)", yesNo(q <= 3), q, dur(x.pass.elapsed), dur(x.truth)))
+		lines = append(lines, fmt.Sprintf("- the pass found exactly the injected drift: %s (%d injected, %d found, %d corrected)",
+			yesNo(x.pass.drifted == x.injected && x.pass.corrected == x.injected), x.injected, x.pass.drifted, x.pass.corrected))
 	}
 	if len(lines) == 0 {
 		return

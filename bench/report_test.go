@@ -124,3 +124,54 @@ func TestSVGIsWellFormed(t *testing.T) {
 		t.Errorf("%d rects, want %d", bars, want)
 	}
 }
+
+func TestResultNames(t *testing.T) {
+	day := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		r    results
+		want string
+	}{
+		{results{}, "latest"},
+		{results{quick: true}, "latest-quick"},
+		{results{only: "reconcile"}, "latest-reconcile"},
+		{results{only: "drain+reconcile", quick: true}, "latest-drain+reconcile-quick"},
+	} {
+		tc.r.started = day
+		if got := tc.r.latestName(); got != tc.want {
+			t.Errorf("latestName of %+v = %q, want %q", tc.r, got, tc.want)
+		}
+	}
+}
+
+func TestReconcileReport(t *testing.T) {
+	r := &results{reconcile: &reconcileResult{
+		posts: 1_000_000, likes: 5_000_000, injected: 1000, truth: time.Second, limit: reconcileLimitedRate,
+		pass:      passResult{elapsed: 1800 * time.Millisecond, checked: 1_000_001, drifted: 1000, corrected: 1000},
+		backfill:  passResult{elapsed: 16 * time.Second, checked: 1_000_001, corrected: 993_000},
+		writeIdle: loopResult{likes: 30_000, elapsed: 3 * time.Second},
+		writeFull: loopResult{likes: 20_000, elapsed: 2 * time.Second},
+	}}
+	var b strings.Builder
+	r.reconcileSection(&b)
+	r.targetsSection(&b)
+	md := b.String()
+	for _, want := range []string{
+		"| 1.00 s | 1.80 s | 1.80× | 1,000,001 | 555,556 | 1.80 s | 1,000 / 1,000 / 1,000 |",
+		"993,000 of them off and corrected",
+		"| full-speed pass | 10,000 | 1.00× |",
+		"full reconciliation pass ≤ 3 × one truth computation: met (1.80×",
+		"the pass found exactly the injected drift: met",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	r.reconcile.pass.drifted = 999
+	r.reconcileErr = errDriftMismatch
+	b.Reset()
+	r.reconcileSection(&b)
+	r.targetsSection(&b)
+	if md := b.String(); !strings.Contains(md, "**FAILED**") || !strings.Contains(md, "the pass found exactly the injected drift: NOT met") {
+		t.Errorf("a failed section does not say so:\n%s", md)
+	}
+}

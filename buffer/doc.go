@@ -1,6 +1,6 @@
 // Package buffer is walcount's Redis protocol: the key names and the Lua
 // scripts through which the aggregator adds deltas to the buffer and the
-// sink hands the buffer over for flushing (DESIGN §2 rules 5–7).
+// sink hands the buffer over for flushing (design rules 5–7).
 //
 // Three keys per slot share one hash tag, so every script touches a single
 // Redis Cluster slot:

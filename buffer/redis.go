@@ -56,7 +56,7 @@ func ParseLSN(s string) (LSN, error) {
 // Reset and the LSN the hash's deltas start after. A hash that should
 // exist but has no stamp, or another one, was lost (deleted, evicted, or
 // left behind by a failover to a replica that lacks the last writes): the
-// chain is broken, never read as empty (DESIGN rule 13). Counter names
+// chain is broken, never read as empty (design rule 13). Counter names
 // cannot start with '~', so no delta field collides with it.
 const StampField = "~"
 
@@ -64,12 +64,12 @@ const StampField = "~"
 // atomically. A batch at or below meta.lsn was already applied and is
 // ignored (a replay); a batch that does not start at meta.lsn would leave
 // a hole and is refused. Rows never share a batch boundary, so this
-// compares whole transactions, never rows (DESIGN rule 5).
+// compares whole transactions, never rows (design rule 5).
 //
 // Before the batch's deltas, the script runs its directives on what the
 // buffer holds: a pair (field, "") drops the field, a pair (field, other)
 // moves the field's delta to other. The aggregator uses them for a target
-// row that was deleted or changed its key (DESIGN rule 17).
+// row that was deleted or changed its key (design rule 17).
 //
 // KEYS: buffer, meta. ARGV: prev, last, n, n directive pairs, then
 // field/delta pairs.
@@ -110,7 +110,7 @@ return 1
 
 // handOverScript starts or resumes a flush and returns its range and its
 // deltas, read in the same script so that a lost hash can never be read
-// as an empty one (DESIGN rules 6 and 13). With a flush in progress it
+// as an empty one (design rules 6 and 13). With a flush in progress it
 // returns that flush if it starts at W; if it ends at or below W it was
 // already committed and is cleaned up first. Else it renames buffer to
 // flushing and records the range (W, lsn]. It returns an empty list when
@@ -204,6 +204,10 @@ type Meta struct {
 	// History names the server history the chain was written against
 	// (see Reset); empty for a chain of an older walcount.
 	History string
+	// IdleFrom and IdleTo record that walcount confirmed the slot past W
+	// = IdleFrom, up to IdleTo, with nothing in between for it (see
+	// RecordIdleConfirm); zero when it did not.
+	IdleFrom, IdleTo LSN
 }
 
 // Batch is a flush handed over: the deltas of the transactions in
@@ -312,7 +316,7 @@ func (b *Redis) Advance(ctx context.Context, w, next LSN) error {
 
 // Meta reads the meta hash.
 func (b *Redis) Meta(ctx context.Context) (Meta, error) {
-	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto", "hist").Result()
+	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto", "hist", "idle").Result()
 	if err != nil {
 		return Meta{}, fmt.Errorf("read redis meta: %w", err)
 	}
@@ -340,7 +344,27 @@ func (b *Redis) Meta(ctx context.Context) (Meta, error) {
 	}
 	m.Flushing = ok
 	m.History, _ = vals[4].(string)
+	if idle, ok := vals[5].(string); ok {
+		from, to, _ := strings.Cut(idle, "/")
+		if m.IdleFrom, err = ParseLSN(from); err != nil {
+			return m, err
+		}
+		if m.IdleTo, err = ParseLSN(to); err != nil {
+			return m, err
+		}
+	}
 	return m, nil
+}
+
+// RecordIdleConfirm records that the slot is about to be confirmed past W
+// up to to, with nothing in between for walcount, so that the next start
+// does not take the slot's position past W for changes that were skipped.
+// Losing the record costs a reconciliation, never a count.
+func (b *Redis) RecordIdleConfirm(ctx context.Context, w, to LSN) error {
+	if err := b.rdb.HSet(ctx, b.keys.Meta, "idle", FormatLSN(w)+"/"+FormatLSN(to)).Err(); err != nil {
+		return fmt.Errorf("record an idle confirmation: %w", err)
+	}
+	return nil
 }
 
 // Reset wipes the slot's keys and starts an empty chain at w, written

@@ -7,22 +7,18 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/buffer/buffertest"
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// TestContractSingleNode runs the buffer contract against one redis-server.
+// TestContractSingleNode runs the buffer contract against one redis-server,
+// through a client made as walcount makes its own.
 func TestContractSingleNode(t *testing.T) {
 	t.Parallel()
 	buffertest.Run(t, func(t *testing.T) redis.UniversalClient {
-		opt, err := redis.ParseURL(testenv.RedisURL(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rdb := redis.NewClient(opt)
-		t.Cleanup(func() { rdb.Close() })
-		return rdb
+		return topologyClient(testenv.RedisURL(t), redisconn.TLSOptions{})(t)
 	})
 }
 

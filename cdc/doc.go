@@ -10,7 +10,7 @@
 // is safe to acknowledge through Stream.Ack, which only stores it.
 //
 // The acknowledged (flush) position is always W, the end LSN of the last
-// transaction whose deltas are committed in the counter columns (DESIGN §2
+// transaction whose deltas are committed in the counter columns (design
 // rule 3). It is never the received position: everything past W must stay
 // in the slot until it is durable in PostgreSQL, because Redis may lose it.
 //

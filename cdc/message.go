@@ -32,7 +32,7 @@ func EmitMessage(ctx context.Context, q RowQuerier, content string) (LSN, error)
 }
 
 // flushMarker is the content of the message each flush transaction emits:
-// it places the flush of (…, upto] in the stream (DESIGN rule 17).
+// it places the flush of (…, upto] in the stream (design rule 17).
 type flushMarker struct {
 	Flush string `json:"flush"`
 	Slot  string `json:"slot"`

@@ -62,6 +62,10 @@ type StreamConfig struct {
 	Publication string
 	// StartLSN is where streaming starts: W, the checkpoint.
 	StartLSN LSN
+	// AckLater makes the stream confirm nothing until the first Ack,
+	// instead of StartLSN at once: the daemon passes W through its
+	// standby gate first (see sink.StandbyGate).
+	AckLater bool
 	// StatusInterval: default DefaultStatusInterval.
 	StatusInterval time.Duration
 	// ReceiveTimeout: default DefaultReceiveTimeout.
@@ -86,6 +90,13 @@ type StreamConfig struct {
 	CoalesceWindow time.Duration
 	// Observer receives progress callbacks; nil ignores them.
 	Observer Observer
+	// ConfirmingPast, when set, is called before the stream confirms a
+	// position past W (see sendStatus: only to let PostgreSQL shut down
+	// while nothing is in flight). It must record that durably enough
+	// for the next start to tell this benign confirmation from a slot
+	// advanced by hand; an error keeps the stream at W. It runs on the
+	// receive loop: it must be quick.
+	ConfirmingPast func(w, to LSN) error
 	// Logger: nil means no logging.
 	Logger *zap.Logger
 }
@@ -162,7 +173,7 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	}
 	// The server's system identifier and timeline name the history the
 	// stream belongs to; after a failover or a restore the same LSNs may
-	// hold other transactions (DESIGN rule 13).
+	// hold other transactions (design rule 13).
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
 		conn.Close(context.Background())
@@ -197,7 +208,9 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 
 		released: make(chan struct{}, 1),
 	}
-	s.ack.Store(uint64(cfg.StartLSN))
+	if !cfg.AckLater {
+		s.ack.Store(uint64(cfg.StartLSN))
+	}
 	s.recv.Store(uint64(cfg.StartLSN))
 	return s, nil
 }
@@ -401,7 +414,7 @@ func (r *receiver) close() {
 // stop ends a Run that ctx stopped. What was received goes to the
 // consumer, which drains the queue on a clean stop, so a shutdown flushes
 // it; a full queue means a consumer far behind, and the rest is replayed
-// from W at the next start (DESIGN rule 3: nothing past W was confirmed).
+// from W at the next start (design rule 3: nothing past W was confirmed).
 func (r *receiver) stop() error {
 	if len(r.batch.Events) > 0 {
 		select {
@@ -415,7 +428,7 @@ func (r *receiver) stop() error {
 
 // statusIfDue sends a standby status update when W moved or the status
 // interval passed, so the server learns W promptly and never times the
-// connection out (DESIGN rule 9).
+// connection out (design rule 9).
 func (r *receiver) statusIfDue() error {
 	now := time.Now()
 	if acked := r.s.Acked(); acked != r.sentAck || !now.Before(r.nextStatus) {
@@ -494,7 +507,7 @@ func (r *receiver) dispatch(msg pgproto3.BackendMessage) error {
 }
 
 // keepalive answers a keepalive that asks for a reply at once, even while
-// the consumer is slow (DESIGN rule 9), and remembers the server's sent
+// the consumer is slow (design rule 9), and remembers the server's sent
 // position for sendStatus.
 func (r *receiver) keepalive(data []byte) error {
 	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data)
@@ -513,7 +526,7 @@ func (r *receiver) keepalive(data []byte) error {
 }
 
 // walData decodes one pgoutput message into the batch and hands a full
-// batch over. Receiving it never acknowledges it (DESIGN rule 3).
+// batch over. Receiving it never acknowledges it (design rule 3).
 func (r *receiver) walData(data []byte) error {
 	xld, err := pglogrepl.ParseXLogData(data)
 	if err != nil {
@@ -667,7 +680,7 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 
 // sendStatus sends a standby status update. Write is the received
 // position; flush and apply are W, set explicitly because pglogrepl copies
-// the write position into a zero flush field (DESIGN §2 rule 3).
+// the write position into a zero flush field (design rule 3).
 //
 // One refinement of rule 3, only in the answer to a keepalive that asks
 // for a reply (answer): when that keepalive said the server has sent
@@ -684,8 +697,10 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 // reply from a client that sends those updates.
 func (s *Stream) sendStatus(answer bool) error {
 	w := s.Acked()
-	if answer && s.idleEnd > w && !s.inTxn && w >= s.lastCommit {
-		w = s.idleEnd
+	if answer && s.idleEnd > w && !s.inTxn && w >= s.lastCommit && s.idleEnd > s.confirmed {
+		if s.cfg.ConfirmingPast == nil || s.cfg.ConfirmingPast(w, s.idleEnd) == nil {
+			w = s.idleEnd
+		}
 	}
 	w = max(w, s.confirmed)
 	if w == 0 {

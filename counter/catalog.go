@@ -157,6 +157,10 @@ type Resolved struct {
 	Column string
 	// Total counts the target rows.
 	Total string
+	// The survey of a range of keys, with FilterArgs bound after $1 and
+	// $2 (see buildSurvey).
+	SurveyIntKeys                                        bool
+	SurveyFirst, SurveyNext, SurveyBounds, SurveyCompare string
 }
 
 // Resolve reads the catalog facts of c's source and target tables once and

@@ -17,7 +17,7 @@ func (r *Resolved) buildSQL(src, tgt *Table, key, tkey Column) error {
 	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
 	keyID := pgx.Identifier{c.Key}.Sanitize()
 
-	// The flush statement (DESIGN §2): one round trip per chunk of keys,
+	// The flush statement (design rule 2): one round trip per chunk of keys,
 	// sorted by the caller so two flushes never lock rows in opposite
 	// orders.
 	r.Flush = fmt.Sprintf(`UPDATE %s AS t SET %s = t.%s + %s
@@ -35,13 +35,16 @@ WHERE t.%s = d.id`, tgt.Ident(), col, col, deltaExpr(r.Scale), tkey.Full, tkeyID
 		}
 		return fmt.Sprintf("round((%s) * 1e%d)::bigint", expr, r.Scale)
 	}
-	var where []string
+	// filterAfter writes the where filters on source rows s, their
+	// values bound after the statement's first n parameters.
 	r.FilterArgs = nil
+	type cond struct{ id, typ string }
+	var conds []cond
 	for _, name := range sortedKeys(c.Where) {
 		v := c.Where[name]
 		id := "s." + pgx.Identifier{name}.Sanitize()
 		if v == nil {
-			where = append(where, id+" IS NULL")
+			conds = append(conds, cond{id: id})
 			continue
 		}
 		wcol, ok := src.Columns[name]
@@ -49,12 +52,21 @@ WHERE t.%s = d.id`, tgt.Ident(), col, col, deltaExpr(r.Scale), tkey.Full, tkeyID
 			return fmt.Errorf("counter %s: %w: where column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{name}.Sanitize())
 		}
 		r.FilterArgs = append(r.FilterArgs, *v)
-		where = append(where, fmt.Sprintf("%s = CAST($%d::text AS %s)", id, len(r.FilterArgs)+1, wcol.Full))
+		conds = append(conds, cond{id: id, typ: wcol.Full})
 	}
-	filter := ""
-	if len(where) > 0 {
-		filter = " AND " + strings.Join(where, " AND ")
+	filterAfter := func(n int) string {
+		var b strings.Builder
+		for _, w := range conds {
+			if w.typ == "" {
+				b.WriteString(" AND " + w.id + " IS NULL")
+				continue
+			}
+			n++
+			fmt.Fprintf(&b, " AND %s = CAST($%d::text AS %s)", w.id, n, w.typ)
+		}
+		return b.String()
 	}
+	filter := filterAfter(1)
 	r.Scan = fmt.Sprintf(`SELECT t.%s::text FROM %s t WHERE $1::text IS NULL OR t.%s > CAST($1::text AS %s) ORDER BY t.%s LIMIT $2`,
 		tkeyID, tgt.Ident(), tkeyID, tkey.Full, tkeyID)
 	r.Truth = fmt.Sprintf(`SELECT s.%s::text, %s FROM %s s WHERE s.%s = ANY (CAST($1::text[] AS %s[]))%s GROUP BY s.%s`,
@@ -62,7 +74,63 @@ WHERE t.%s = d.id`, tgt.Ident(), col, col, deltaExpr(r.Scale), tkey.Full, tkeyID
 	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
 		tkeyID, scaled("coalesce(t."+col+", 0)"), tgt.Ident(), tkeyID, tkey.Full)
 	r.Total = fmt.Sprintf(`SELECT count(*) FROM %s`, tgt.Ident())
+	r.buildSurvey(src, tgt, key, tkey, scaled(value), scaled("coalesce(t."+col+", 0)"), filterAfter(2))
 	return nil
+}
+
+// buildSurvey writes the statements of reconcile's survey, which measures
+// a whole range of target keys in one snapshot: Compare joins the target
+// rows of the range ($1, $2: its first and last key) with the true value
+// of each, one aggregate over the source rows of the range, and returns
+// only the keys whose column differs. The range's bounds are parameters,
+// so the planner estimates the range from the statistics: with an index
+// whose leading column is the source key, the source rows of a range are
+// one ordered index-only scan.
+//
+// Integer keys (SurveyIntKeys) are compared as numbers and ranges are
+// ranges of values: SurveyFirst finds the first key, SurveyNext the first
+// key after $1, and SurveyBounds the last key of the range of $2 keys from
+// $1, for where keys are sparse. Compare returns the range's size, its last
+// key and the keys that differ with their column and true value, as arrays.
+// Bounds are bigint whatever the integer widths of the two keys: PostgreSQL
+// compares integers of any widths through the same index, and a domain over
+// an integer compares as its base type.
+//
+// Other key types use counted ranges: SurveyBounds is the range of $2 keys
+// after $1 (NULL for the start) in the target key's order and returns its
+// first and last key and its size; Compare looks the range's source rows up
+// by its keys (= ANY), so that the result never depends on how two types or
+// collations order values, and returns one row per key that differs.
+func (r *Resolved) buildSurvey(src, tgt *Table, key, tkey Column, value, column, filter string) {
+	keyID := pgx.Identifier{r.Counter.Key}.Sanitize()
+	tkeyID := pgx.Identifier{r.Counter.TargetKey}.Sanitize()
+	r.SurveyIntKeys = key.IntegerBase() && tkey.IntegerBase()
+	if r.SurveyIntKeys {
+		r.SurveyFirst = fmt.Sprintf(`SELECT min(t.%s)::bigint FROM %s t`, tkeyID, tgt.Ident())
+		r.SurveyNext = fmt.Sprintf(`SELECT min(t.%[1]s)::bigint FROM %[2]s t WHERE t.%[1]s > $1::bigint`, tkeyID, tgt.Ident())
+		r.SurveyBounds = fmt.Sprintf(`SELECT max(r.k)::bigint FROM (SELECT t.%[1]s AS k FROM %[2]s t WHERE t.%[1]s >= $1::bigint ORDER BY t.%[1]s LIMIT $2) r`,
+			tkeyID, tgt.Ident())
+		off := "t.v <> coalesce(s.v, 0)"
+		r.SurveyCompare = fmt.Sprintf(`SELECT count(*), max(t.k)::text,
+  array_agg(t.k::text) FILTER (WHERE %[7]s), array_agg(t.v) FILTER (WHERE %[7]s), array_agg(coalesce(s.v, 0)) FILTER (WHERE %[7]s)
+FROM (SELECT t.%[1]s AS k, %[2]s AS v FROM %[3]s t WHERE t.%[1]s BETWEEN $1::bigint AND $2::bigint) t
+LEFT JOIN (SELECT s.%[4]s AS k, %[5]s AS v FROM %[6]s s
+  WHERE s.%[4]s BETWEEN $1::bigint AND $2::bigint%[8]s GROUP BY s.%[4]s) s ON s.k = t.k`,
+			tkeyID, column, tgt.Ident(), keyID, value, src.Ident(), off, filter)
+		return
+	}
+	r.SurveyBounds = fmt.Sprintf(`SELECT min(r.k)::text, max(r.k)::text, count(*) FROM (
+  SELECT t.%[1]s AS k FROM %[2]s t
+  WHERE t.%[1]s IS NOT NULL AND ($1::text IS NULL OR t.%[1]s > CAST($1::text AS %[3]s))
+  ORDER BY t.%[1]s LIMIT $2) r`, tkeyID, tgt.Ident(), tkey.Full)
+	lo, hi := fmt.Sprintf("CAST($1::text AS %s)", tkey.Full), fmt.Sprintf("CAST($2::text AS %s)", tkey.Full)
+	r.SurveyCompare = fmt.Sprintf(`WITH t AS MATERIALIZED (
+  SELECT t.%[1]s AS k, %[2]s AS v FROM %[3]s t WHERE t.%[1]s >= %[7]s AND t.%[1]s <= %[8]s)
+SELECT t.k::text, t.v, coalesce(s.v, 0) FROM t LEFT JOIN (
+  SELECT s.%[4]s::text AS k, %[5]s AS v FROM %[6]s s
+  WHERE s.%[4]s = ANY (CAST((SELECT array_agg(t.k::text) FROM t) AS %[10]s[]))%[9]s GROUP BY s.%[4]s) s ON s.k = t.k::text
+WHERE t.v <> coalesce(s.v, 0)`,
+		tkeyID, column, tgt.Ident(), keyID, value, src.Ident(), lo, hi, filter, key.Full)
 }
 
 // deltaExpr is the SQL value a buffered delta adds to the column. A delta

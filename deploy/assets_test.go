@@ -85,11 +85,19 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 			exprs["alert "+r.Alert] = r.Expr
 		}
 	}
-	checkExprs(t, exprs)
+	used := checkExprs(t, exprs)
+	// A Redis outage shows only in these: flush errors count failed
+	// PostgreSQL flushes.
+	for _, n := range []string{"walcount_streaming", "walcount_session_failures_total", "walcount_waiting_for_slot"} {
+		if !used[n] {
+			t.Errorf("no alert watches %s", n)
+		}
+	}
 
 	want := []string{
 		"WalcountSlotInactive", "WalcountSlotLagHigh", "WalcountSlotWALUnreserved", "WalcountSlotInvalidated",
 		"WalcountFlushErrors", "WalcountApplyLagHigh", "WalcountDown",
+		"WalcountNotStreaming", "WalcountSessionFailures",
 	}
 	for _, a := range want {
 		if _, ok := exprs["alert "+a]; !ok {
@@ -143,6 +151,7 @@ func TestDashboard(t *testing.T) {
 		"walcount_flushes_total", "walcount_flush_duration_seconds_bucket",
 		"walcount_apply_lag_seconds_bucket", "walcount_buffer_keys",
 		"walcount_deltas_dropped_total", "walcount_reconcile_corrections_total",
+		"walcount_streaming", "walcount_session_failures_total",
 	} {
 		if !used[n] {
 			t.Errorf("no dashboard panel shows %s", n)

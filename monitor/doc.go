@@ -2,7 +2,7 @@
 //
 // A logical slot makes the server keep every WAL segment from the slot's
 // restart_lsn on, so that nothing walcount has not yet confirmed can be
-// removed. That guarantee is what makes walcount exact (DESIGN.md §2), and it
+// removed. That guarantee is what makes walcount exact (docs/design.md §2), and it
 // has two failure modes this package exists to make visible:
 //
 //   - Lag. WAL piles up on the server while walcount is slow or stopped:
@@ -14,9 +14,11 @@
 //     "unreserved" (the next checkpoint will remove it) and then to "lost",
 //     and the slot is invalidated for good: the changes in the removed WAL
 //     will never be decoded, so the counters can no longer be kept exact from
-//     the stream. DESIGN.md §2 rule 12 makes this fatal: Monitor.Run returns
-//     a *SlotLostError, which tells the operator to recreate the slot and
-//     reconcile.
+//     the stream. Design rule 12: Monitor.Run returns a *SlotLostError,
+//     which stops walcount run with the fix, unless on_slot_loss is
+//     recreate (Options.KeepWatchingLostSlot): then the daemon recreates
+//     the slot and repairs every counter, and the monitor watches the new
+//     slot.
 //
 // ReadSlot reads one snapshot from pg_replication_slots
 // (https://www.postgresql.org/docs/current/view-pg-replication-slots.html)

@@ -27,7 +27,7 @@ const walRemoved = "wal_removed"
 // SlotLostError reports an invalidated replication slot. It wraps
 // ErrSlotLost. Recovering from it takes an operator: the slot must be
 // recreated, which skips every change in the lost WAL, and the counters
-// then reconciled against the rows (DESIGN.md §2 rule 12).
+// then reconciled against the rows (design rule 12).
 type SlotLostError struct {
 	// Slot is the slot name.
 	Slot string
@@ -70,7 +70,7 @@ func (e *SlotLostError) Error() string {
 		status = "null"
 	}
 	const todo = "counts can no longer be kept exact from the stream. " +
-		"Run `walcount setup --recreate-slot` and then `walcount reconcile` (DESIGN §2 rule 12)"
+		"Run `walcount setup --recreate-slot` (walcount then repairs every counter by itself), or set on_slot_loss: recreate"
 	if e.Reason != "" && e.Reason != walRemoved {
 		return fmt.Sprintf("replication slot %q is invalidated (wal_status=%s, invalidation_reason=%s: %s): "+
 			"the server will not decode changes for it any more; %s", e.Slot, status, e.Reason, InvalidationMeaning(e.Reason), todo)

@@ -41,6 +41,7 @@ const (
 // Run is the only goroutine that polls, and must be called once; Latest and
 // LagOK are safe to call from any goroutine.
 type Monitor struct {
+	keepLost bool
 	q        Querier
 	slot     string
 	interval time.Duration
@@ -54,12 +55,13 @@ type Monitor struct {
 	lastErr  error // of the last read; nil after a success
 
 	// Logging state, owned by the Run goroutine.
-	prevExists    bool
-	prevWALStatus string
-	lagHigh       bool
-	lagWarnedAt   time.Time
-	failures      int
-	failLoggedAt  time.Time
+	prevExists      bool
+	prevWALStatus   string
+	prevInvalidated bool
+	lagHigh         bool
+	lagWarnedAt     time.Time
+	failures        int
+	failLoggedAt    time.Time
 }
 
 // Defaults of Options.
@@ -87,6 +89,10 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// Logger: nil means no logging.
 	Logger *zap.Logger
+	// KeepWatchingLostSlot makes Run go on polling a lost slot instead of
+	// returning its *SlotLostError: the daemon recreates the slot itself
+	// (on_slot_loss: recreate) and the monitor must see the new one.
+	KeepWatchingLostSlot bool
 }
 
 // New returns a Monitor of opt.Slot.
@@ -101,6 +107,7 @@ func New(opt Options) *Monitor {
 		opt.Logger = zap.NewNop()
 	}
 	return &Monitor{
+		keepLost: opt.KeepWatchingLostSlot,
 		q:        opt.Querier,
 		slot:     opt.Slot,
 		interval: opt.Interval,
@@ -118,7 +125,7 @@ func New(opt Options) *Monitor {
 // Run reads the slot's status at once and then every interval until ctx is
 // done, when it returns nil. It returns a *SlotLostError (wrapping
 // ErrSlotLost) as soon as the slot is invalidated: walcount must stop then
-// (DESIGN.md §2 rule 12).
+// (design rule 12).
 //
 // A failed read is not fatal: it is counted in
 // walcount_slot_read_errors_total, logged (at most once per
@@ -162,7 +169,7 @@ func (m *Monitor) poll(ctx context.Context) error {
 
 	m.export(s)
 	m.logTransitions(s)
-	if s.Exists && s.Invalidated {
+	if s.Exists && s.Invalidated && !m.keepLost {
 		return s.Err()
 	}
 	return nil
@@ -227,7 +234,11 @@ func (m *Monitor) logTransitions(s SlotStatus) {
 	if s.Exists != m.prevExists {
 		m.prevExists = s.Exists
 		if !s.Exists {
-			m.log.Error("replication slot does not exist; run `walcount setup`")
+			if m.keepLost {
+				m.log.Error("replication slot does not exist; walcount recreates it and reconciles every counter (on_slot_loss: recreate)")
+			} else {
+				m.log.Error("replication slot does not exist; run `walcount setup`")
+			}
 			return
 		}
 		m.log.Info("replication slot exists again")
@@ -253,9 +264,13 @@ func (m *Monitor) logTransitions(s SlotStatus) {
 		}
 	}
 	if s.Invalidated {
-		m.log.Error("replication slot lost", zap.Error(s.Err()))
+		if !m.prevInvalidated {
+			m.log.Error("replication slot lost", zap.Error(s.Err()))
+		}
+		m.prevInvalidated = true
 		return
 	}
+	m.prevInvalidated = false
 
 	if m.maxLag <= 0 {
 		return

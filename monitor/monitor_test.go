@@ -294,7 +294,7 @@ rounds:
 	if lost.Slot != "walcount" || lost.WALStatus != monitor.WALLost {
 		t.Errorf("SlotLostError = %+v, want slot walcount, wal_status lost", *lost)
 	}
-	for _, want := range []string{`replication slot "walcount" is lost (wal_status=lost)`, "walcount setup --recreate-slot", "walcount reconcile"} {
+	for _, want := range []string{`replication slot "walcount" is lost (wal_status=lost)`, "walcount setup --recreate-slot", "on_slot_loss: recreate"} {
 		if !strings.Contains(runErr.Error(), want) {
 			t.Errorf("error %q does not say %q", runErr, want)
 		}

@@ -181,21 +181,21 @@ func TestSlotLostErrorMessage(t *testing.T) {
 		{SlotLostError{Slot: "walcount", WALStatus: "lost"},
 			"replication slot \"walcount\" is lost (wal_status=lost): WAL it needed was removed; " +
 				"counts can no longer be kept exact from the stream. " +
-				"Run `walcount setup --recreate-slot` and then `walcount reconcile` (DESIGN §2 rule 12)"},
+				"Run `walcount setup --recreate-slot` (walcount then repairs every counter by itself), or set on_slot_loss: recreate"},
 		{SlotLostError{Slot: "walcount", WALStatus: "lost", Reason: "wal_removed"},
 			"replication slot \"walcount\" is lost (wal_status=lost): WAL it needed was removed; " +
 				"counts can no longer be kept exact from the stream. " +
-				"Run `walcount setup --recreate-slot` and then `walcount reconcile` (DESIGN §2 rule 12)"},
+				"Run `walcount setup --recreate-slot` (walcount then repairs every counter by itself), or set on_slot_loss: recreate"},
 		{SlotLostError{Slot: "walcount", Reason: "rows_removed"},
 			"replication slot \"walcount\" is invalidated (wal_status=null, invalidation_reason=rows_removed: rows the slot needed were removed on the primary (a standby's slot)): " +
 				"the server will not decode changes for it any more; " +
 				"counts can no longer be kept exact from the stream. " +
-				"Run `walcount setup --recreate-slot` and then `walcount reconcile` (DESIGN §2 rule 12)"},
+				"Run `walcount setup --recreate-slot` (walcount then repairs every counter by itself), or set on_slot_loss: recreate"},
 		{SlotLostError{Slot: "walcount", WALStatus: "lost", Reason: "idle_timeout"},
 			"replication slot \"walcount\" is invalidated (wal_status=lost, invalidation_reason=idle_timeout: the slot had no reader for longer than idle_replication_slot_timeout): " +
 				"the server will not decode changes for it any more; " +
 				"counts can no longer be kept exact from the stream. " +
-				"Run `walcount setup --recreate-slot` and then `walcount reconcile` (DESIGN §2 rule 12)"},
+				"Run `walcount setup --recreate-slot` (walcount then repairs every counter by itself), or set on_slot_loss: recreate"},
 	}
 	for _, tt := range tests {
 		if got := tt.err.Error(); got != tt.want {

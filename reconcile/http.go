@@ -34,13 +34,17 @@ func (r *Reconciler) Handler() http.Handler {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "batch_size must not be negative"})
 			return
 		}
+		if body.MaxKeysPerSecond != nil && *body.MaxKeysPerSecond < 0 {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "max_keys_per_second must not be negative"})
+			return
+		}
 		run, err := r.Start(req.Context(), body)
 		switch {
 		case err == nil:
 			writeJSON(w, http.StatusAccepted, run)
 		case errors.Is(err, ErrBusy):
 			writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
-		case errors.Is(err, ErrUnknownCounter):
+		case errors.Is(err, ErrUnknownCounter), errors.Is(err, ErrBadRequest):
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		case errors.Is(err, ErrNotStreaming):
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})

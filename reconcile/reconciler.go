@@ -8,11 +8,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -28,8 +26,10 @@ const (
 	// DefaultStepTimeout bounds each wait of a measurement: for M0 to be
 	// seen, for W to pass it, and for M1.
 	DefaultStepTimeout = 30 * time.Second
-	// DefaultBatchSize is how many target keys one measurement reads.
-	DefaultBatchSize = 1000
+	// DefaultBatchSize is how many target keys one measurement reads: a
+	// range a full run surveys in one query, or keys of a run limited to
+	// some keys, read one by one.
+	DefaultBatchSize = 100_000
 	// DefaultInterval is the pause between scheduled full
 	// reconciliations.
 	DefaultInterval = 24 * time.Hour
@@ -54,6 +54,8 @@ var (
 	// ErrNotStreaming is returned by a FlushFunc while no replication
 	// session runs.
 	ErrNotStreaming = errors.New("walcount is not streaming")
+	// ErrBadRequest is returned by Start for a request it cannot run.
+	ErrBadRequest = errors.New("bad reconciliation request")
 )
 
 // FlushFunc asks the running session to flush now.
@@ -67,6 +69,12 @@ type Options struct {
 	// BatchSize is the number of keys per measurement; default
 	// DefaultBatchSize.
 	BatchSize int
+	// MaxKeysPerSecond paces runs: at most that many keys are read per
+	// second, and a measurement reads at most that many. 0 means no limit.
+	// A run started with a limit of its own keeps to that one instead.
+	MaxKeysPerSecond int
+	// Clock is the pacing's time; nil means the wall clock.
+	Clock Clock
 	// Interval between scheduled runs; 0 disables them.
 	Interval time.Duration
 	// Backfill runs a full reconciliation of counters that are new or
@@ -96,7 +104,10 @@ type Options struct {
 	// StepTimeout: default DefaultStepTimeout.
 	StepTimeout time.Duration
 	Metrics     *metrics.Metrics
-	Logger      *zap.Logger
+	// Tally, when not nil, counts the corrections applied per counter
+	// for /status.
+	Tally  *counter.Tally
+	Logger *zap.Logger
 }
 
 // Request is an on-demand run.
@@ -105,6 +116,9 @@ type Request struct {
 	Counter   string `json:"counter"`
 	DryRun    bool   `json:"dry_run"`
 	BatchSize int    `json:"batch_size"`
+	// MaxKeysPerSecond paces this run; nil means the daemon's
+	// reconcile.max_keys_per_second, 0 no limit.
+	MaxKeysPerSecond *int `json:"max_keys_per_second,omitempty"`
 }
 
 // Reconciler runs reconciliations inside the daemon: scheduled, on
@@ -121,6 +135,11 @@ type Reconciler struct {
 	current *RunInfo
 	last    *RunInfo
 	ready   bool
+	// rates are the limits of runs started here with one of their own,
+	// by run id. They are not stored with the run: a run resumed after a
+	// restart, or executed by another walcount, keeps to that walcount's
+	// MaxKeysPerSecond.
+	rates map[int64]int
 }
 
 // New returns a Reconciler. Its Recorder must be wired into the
@@ -149,12 +168,23 @@ func New(opt Options) *Reconciler {
 		opt.Metrics = metrics.New()
 	}
 	return &Reconciler{
-		opt:  opt,
-		log:  opt.Logger,
-		rec:  NewRecorder(opt.Slot, opt.Logger),
-		runs: state.NewRuns(opt.Pool, opt.Slot),
-		kick: make(chan struct{}, 1),
+		opt:   opt,
+		log:   opt.Logger,
+		rec:   NewRecorder(opt.Slot, opt.Logger),
+		runs:  state.NewRuns(opt.Pool, opt.Slot),
+		kick:  make(chan struct{}, 1),
+		rates: map[int64]int{},
 	}
+}
+
+// rate returns the keys per second run id keeps to (0: no limit).
+func (r *Reconciler) rate(id int64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n, ok := r.rates[id]; ok {
+		return n
+	}
+	return r.opt.MaxKeysPerSecond
 }
 
 // Recorder returns the stream-side part.
@@ -209,6 +239,9 @@ func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
 	if len(names) == 0 {
 		return RunInfo{}, fmt.Errorf("%w: %q", ErrUnknownCounter, req.Counter)
 	}
+	if req.MaxKeysPerSecond != nil && *req.MaxKeysPerSecond < 0 {
+		return RunInfo{}, fmt.Errorf("%w: max_keys_per_second must not be negative", ErrBadRequest)
+	}
 	batch := req.BatchSize
 	if batch <= 0 {
 		batch = r.opt.BatchSize
@@ -216,6 +249,11 @@ func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
 	run, err := r.runs.Create(ctx, state.KindManual, names, req.DryRun, batch)
 	if err != nil {
 		return RunInfo{}, fmt.Errorf("create reconcile run: %w", err)
+	}
+	if req.MaxKeysPerSecond != nil {
+		r.mu.Lock()
+		r.rates[run.ID] = *req.MaxKeysPerSecond
+		r.mu.Unlock()
 	}
 	select {
 	case r.kick <- struct{}{}:
@@ -532,6 +570,7 @@ func (r *Reconciler) update(run *RunInfo, drift []KeyDrift) {
 func (r *Reconciler) finish(run RunInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	delete(r.rates, run.ID)
 	if r.current != nil {
 		run.Drift = r.current.Drift
 	}
@@ -539,44 +578,69 @@ func (r *Reconciler) finish(run RunInfo) {
 	r.last = &run
 }
 
-// reconcileCounter walks c's target table in key order.
+// reconcileCounter walks c's keys (all of them, or the run's) in key
+// order, in rounds (see pass).
 func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c counter.Counter) error {
 	sql, err := counter.Resolve(ctx, r.opt.Pool, c)
 	if err != nil {
 		return err
 	}
-	var after any
-	if run.LastKey != "" {
-		after = run.LastKey
+	p := &pass{
+		io:      &reconcilerIO{r: r, sql: sql},
+		log:     r.log,
+		counter: c.Name,
+		dry:     run.DryRun,
+		size:    run.BatchSize,
+		pacer:   NewPacer(r.rate(run.ID), r.opt.Clock),
+		keys:    run.Keys,
+		run:     run,
 	}
-	for {
-		var keys []string
-		if run.Keys != nil {
-			keys = nextKeys(run.Keys, run.LastKey, run.BatchSize)
-		} else if keys, err = r.scan(ctx, sql, after, run.BatchSize); err != nil {
-			return err
-		}
-		if len(keys) == 0 {
-			return nil
-		}
-		drift, applied, err := r.checkBatch(ctx, sql, keys, run.DryRun)
-		if err != nil {
-			return err
-		}
-		run.KeysChecked += int64(len(keys))
-		run.Drifted += int64(len(drift))
-		run.Corrected += int64(len(applied))
-		run.LastKey = keys[len(keys)-1]
-		after = run.LastKey
-		r.opt.Metrics.ReconcileKeysChecked.WithLabelValues(c.Name).Add(float64(len(keys)))
-		r.opt.Metrics.ReconcileCorrections.WithLabelValues(c.Name).Add(float64(len(applied)))
-		r.update(run, drift)
-		if err := r.runs.Progress(ctx, *run, r.opt.Lease); err != nil {
-			return err
-		}
-		r.pace(ctx)
+	if p.size <= 0 {
+		p.size = r.opt.BatchSize
+	}
+	if run.Keys == nil {
+		p.sv = newSurvey(sql)
+	}
+	return p.execute(ctx)
+}
+
+// reconcilerIO is a pass's way to the stream and the database.
+type reconcilerIO struct {
+	r   *Reconciler
+	sql *counter.Resolved
+}
+
+var _ passIO = (*reconcilerIO)(nil)
+
+func (io *reconcilerIO) measure(ctx context.Context, rq *roundRequest) (roundResult, error) {
+	return io.r.measureRetrying(ctx, io.sql, rq)
+}
+
+func (io *reconcilerIO) emit(ctx context.Context, drift []KeyDrift) (cdc.LSN, error) {
+	return io.r.emitCorrections(ctx, drift)
+}
+
+func (io *reconcilerIO) applied(ctx context.Context, lsn cdc.LSN) error {
+	return io.r.waitCheckpoint(ctx, lsn, nil)
+}
+
+func (io *reconcilerIO) progress(ctx context.Context, run *RunInfo, drift []KeyDrift) error {
+	io.r.update(run, drift)
+	return io.r.runs.Progress(ctx, *run, io.r.opt.Lease)
+}
+
+func (io *reconcilerIO) checked(keys, corrected int) {
+	name := io.sql.Counter.Name
+	if keys > 0 {
+		io.r.opt.Metrics.ReconcileKeysChecked.WithLabelValues(name).Add(float64(keys))
+	}
+	if corrected > 0 {
+		io.r.opt.Metrics.ReconcileCorrections.WithLabelValues(name).Add(float64(corrected))
+		io.r.opt.Tally.Add(name, counter.TallyCorrections, int64(corrected))
 	}
 }
+
+func (io *reconcilerIO) idle(ctx context.Context) { io.r.pace(ctx) }
 
 // nextKeys returns up to n of the sorted keys after last ("" for the
 // first).
@@ -606,242 +670,40 @@ func (r *Reconciler) pace(ctx context.Context) {
 	}
 }
 
-func (r *Reconciler) scan(ctx context.Context, sql *counter.Resolved, after any, n int) ([]string, error) {
-	rows, err := r.opt.Pool.Query(ctx, sql.Scan, after, n)
-	if err != nil {
-		return nil, fmt.Errorf("scan target keys: %w", err)
-	}
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("scan target keys: %w", err)
-	}
-	return keys, nil
-}
+// maxCorrectionsPerMessage bounds the corrections one message carries, so
+// that a backfill's many corrections travel in messages of a few hundred
+// kilobytes each.
+const maxCorrectionsPerMessage = 10_000
 
-// checkBatch measures keys; where it finds drift it measures the drifted
-// keys again and corrects those whose two measurements agree. It returns
-// the drifted keys (both measurements agree) and those corrected.
-func (r *Reconciler) checkBatch(ctx context.Context, sql *counter.Resolved, keys []string, dry bool) (drift, applied []KeyDrift, err error) {
-	first, err := r.measureRetrying(ctx, sql, keys, nil, false)
-	if err != nil || len(first.drift) == 0 {
-		return nil, nil, err
-	}
-	prev := make(map[string]int64, len(first.drift))
-	again := make([]string, 0, len(first.drift))
-	for _, k := range keys {
-		if d, ok := first.drift[k]; ok {
-			prev[k] = d.Correction
-			again = append(again, k)
+// emitCorrections carries corrections through the WAL: a transactional
+// message holds them, the stream turns it into deltas of its transaction,
+// and they are flushed exactly once with everything else, even when
+// walcount crashes before that flush and the stream is replayed. It
+// returns a position past the messages: the corrections count as applied
+// only once W has passed it, so a run's figures never claim a correction
+// that is not in the counter columns.
+func (r *Reconciler) emitCorrections(ctx context.Context, drift []KeyDrift) (cdc.LSN, error) {
+	for chunk := range slices.Chunk(drift, maxCorrectionsPerMessage) {
+		c := correction{Correct: make(map[string]int64, len(chunk)), Slot: r.opt.Slot}
+		for _, d := range chunk {
+			c.Correct[counter.Field(d.Counter, d.Key)] = d.Correction
+		}
+		content, err := json.Marshal(c)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := cdc.EmitMessage(ctx, r.opt.Pool, string(content)); err != nil {
+			return 0, fmt.Errorf("emit corrections: %w", err)
+		}
+		if err := r.opt.Failpoints.Inject(failpoint.AfterCorrection); err != nil {
+			return 0, err
 		}
 	}
-	second, err := r.measureRetrying(ctx, sql, again, prev, !dry)
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, k := range again {
-		if d, ok := second.drift[k]; ok && d.Correction == prev[k] {
-			drift = append(drift, d)
-			if dry {
-				r.log.Info("drift found (dry run, not corrected)", zap.String("counter", d.Counter), zap.String("key", d.Key),
-					zap.Int64("cached", d.Cached), zap.Int64("true", d.True), zap.Int64("correction", d.Correction))
-			}
-		}
-	}
-	if len(second.applied) == 0 {
-		return drift, nil, nil
-	}
-	if err := r.correct(ctx, second.applied); err != nil {
-		return nil, nil, err
-	}
-	for _, d := range second.applied {
-		r.log.Warn("corrected drift", zap.String("counter", d.Counter), zap.String("key", d.Key),
-			zap.Int64("cached", d.Cached), zap.Int64("true", d.True), zap.Int64("correction", d.Correction))
-	}
-	return drift, second.applied, nil
-}
-
-// correct carries corrections through the WAL: one transactional message
-// holds them, the stream turns it into deltas of its transaction, and they
-// are flushed exactly once with everything else, even when walcount
-// crashes before that flush and the stream is replayed. They count as
-// applied only once W has passed the message, so a run's figures never
-// claim a correction that is not in the counter columns.
-func (r *Reconciler) correct(ctx context.Context, drift []KeyDrift) error {
-	c := correction{Correct: make(map[string]int64, len(drift)), Slot: r.opt.Slot}
-	for _, d := range drift {
-		c.Correct[counter.Field(d.Counter, d.Key)] = d.Correction
-	}
-	content, err := json.Marshal(c)
-	if err != nil {
-		return err
-	}
-	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, string(content)); err != nil {
-		return fmt.Errorf("emit corrections: %w", err)
-	}
-	if err := r.opt.Failpoints.Inject(failpoint.AfterCorrection); err != nil {
-		return err
-	}
-	// The message's transaction ends before the server's insert position
-	// read after it committed.
+	// The messages' transactions end before the server's insert position
+	// read after they committed.
 	var end cdc.LSN
 	if err := r.opt.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end); err != nil {
-		return fmt.Errorf("read the position of the corrections: %w", err)
+		return 0, fmt.Errorf("read the position of the corrections: %w", err)
 	}
-	return r.waitCheckpoint(ctx, end, nil)
-}
-
-// measureRetrying repeats a measurement that a session restart or a
-// timeout interrupted.
-func (r *Reconciler) measureRetrying(ctx context.Context, sql *counter.Resolved, keys []string, prev map[string]int64, apply bool) (outcome, error) {
-	var err error
-	for attempt := 1; attempt <= DefaultMaxAttempts; attempt++ {
-		var out outcome
-		out, err = r.measure(ctx, sql, keys, prev, apply)
-		if err == nil || ctx.Err() != nil {
-			return out, err
-		}
-		r.log.Debug("measurement interrupted; measuring again", zap.Error(err), zap.Int("attempt", attempt))
-		select {
-		case <-ctx.Done():
-			return outcome{}, ctx.Err()
-		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
-		}
-	}
-	return outcome{}, fmt.Errorf("measure %d keys of %s: gave up after %d attempts: %w", len(keys), sql.Counter.Name, DefaultMaxAttempts, err)
-}
-
-// measure runs one bracketed measurement (see the package documentation).
-func (r *Reconciler) measure(ctx context.Context, sql *counter.Resolved, keys []string, prev map[string]int64, apply bool) (outcome, error) {
-	r.seq++
-	m := &measurement{
-		id:      strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatInt(r.seq, 10),
-		counter: sql.Counter.Name,
-		keys:    keys,
-		prev:    prev,
-		apply:   apply,
-	}
-	if err := r.rec.register(m); err != nil {
-		return outcome{}, err
-	}
-	defer r.rec.unregister(m)
-
-	// 1. M0, and wait until its transaction committed in the stream.
-	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 0)); err != nil {
-		return outcome{}, err
-	}
-	if err := r.wait(ctx, m.committed, m.done, "marker M0 in the stream"); err != nil {
-		return outcome{}, err
-	}
-	// 2. W past M0.
-	if err := r.waitCheckpoint(ctx, m.m0End, m.done); err != nil {
-		return outcome{}, err
-	}
-	// 3. Truth, column, W and the snapshot, all in one snapshot.
-	snap, ws, truth, column, err := r.read(ctx, sql, keys)
-	if err != nil {
-		return outcome{}, err
-	}
-	r.rec.setSnapshot(m, snap, ws, truth, column)
-	// 4. M1; the recorder evaluates when it arrives.
-	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 1)); err != nil {
-		return outcome{}, err
-	}
-	if err := r.wait(ctx, m.done, nil, "marker M1 in the stream"); err != nil {
-		return outcome{}, err
-	}
-	if m.err != nil {
-		return outcome{}, m.err
-	}
-	return m.out, nil
-}
-
-func (r *Reconciler) markerJSON(id string, phase int) string {
-	return fmt.Sprintf(`{"reconcile":%q,"phase":%d,"slot":%q}`, id, phase, r.opt.Slot)
-}
-
-// wait waits for ch, failing early when failed closes (the measurement
-// ended with an error).
-func (r *Reconciler) wait(ctx context.Context, ch, failed <-chan struct{}, what string) error {
-	t := time.NewTimer(r.opt.StepTimeout)
-	defer t.Stop()
-	select {
-	case <-ch:
-		return nil
-	case <-failed:
-		return errSessionRestarted
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return fmt.Errorf("timed out after %s waiting for %s", r.opt.StepTimeout, what)
-	}
-}
-
-// waitCheckpoint flushes until W reaches lsn.
-func (r *Reconciler) waitCheckpoint(ctx context.Context, lsn cdc.LSN, failed <-chan struct{}) error {
-	deadline := time.Now().Add(r.opt.StepTimeout)
-	for {
-		w, err := state.ReadCheckpoint(ctx, r.opt.Pool, r.opt.Slot)
-		if err != nil {
-			return err
-		}
-		if w >= lsn {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s waiting for the checkpoint to pass %s (at %s)", r.opt.StepTimeout, lsn, w)
-		}
-		if r.opt.Flush != nil {
-			if err := r.opt.Flush(ctx); err != nil && !errors.Is(err, ErrNotStreaming) {
-				return err
-			}
-		}
-		select {
-		case <-failed:
-			return errSessionRestarted
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-// read takes the snapshot S and reads W_S, the truth and the column in
-// it.
-func (r *Reconciler) read(ctx context.Context, sql *counter.Resolved, keys []string) (Snapshot, cdc.LSN, map[string]int64, map[string]int64, error) {
-	var snap Snapshot
-	var ws cdc.LSN
-	truth := make(map[string]int64, len(keys))
-	column := make(map[string]int64, len(keys))
-	err := pgx.BeginTxFunc(ctx, r.opt.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		s, w, err := state.SnapshotCheckpoint(ctx, tx, r.opt.Slot)
-		if err != nil {
-			return err
-		}
-		ws = w
-		if snap, err = ParseSnapshot(s); err != nil {
-			return err
-		}
-		if err := collect(ctx, tx, sql.Truth, append([]any{keys}, sql.FilterArgs...), truth); err != nil {
-			return fmt.Errorf("read true values: %w", err)
-		}
-		if err := collect(ctx, tx, sql.Column, []any{keys}, column); err != nil {
-			return fmt.Errorf("read counter column: %w", err)
-		}
-		return nil
-	})
-	return snap, ws, truth, column, err
-}
-
-func collect(ctx context.Context, tx pgx.Tx, query string, args []any, into map[string]int64) error {
-	rows, err := tx.Query(ctx, query, args...)
-	if err != nil {
-		return err
-	}
-	var k string
-	var v int64
-	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
-		into[k] = v
-		return nil
-	})
-	return err
+	return end, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"iter"
 	"sync"
 	"sync/atomic"
@@ -27,7 +26,7 @@ type marker struct {
 }
 
 // correction is the content of the message that carries a measurement's
-// corrections through the WAL (DESIGN §5, step 6): it reaches the stream
+// corrections through the WAL (docs/design.md §5, step 6): it reaches the stream
 // as an ordinary transaction, so the corrections are applied exactly once
 // with the deltas around them, even when walcount crashes before the flush
 // and the stream is replayed.
@@ -38,30 +37,30 @@ type correction struct {
 
 var correctTag = []byte(`"correct"`)
 
-// txnRecord is one recorded transaction: its deltas for a measurement's
-// keys.
+// txnRecord is one recorded transaction: its deltas for the measured
+// counter.
 type txnRecord struct {
 	xid    uint32
 	end    cdc.LSN
 	deltas map[string]int64 // key → delta
 }
 
-// outcome is what a measurement found at M1.
-type outcome struct {
-	drift   map[string]KeyDrift // key → drift, non-zero corrections only
-	applied []KeyDrift
-}
+// MaxRecordedDeltas bounds what one measurement records: a measurement
+// that would record more (a write load far above what the flushes keep
+// up with) fails with errTooManyChanges and is repeated over fewer keys.
+const MaxRecordedDeltas = 1 << 20
 
-// measurement is one bracketed measurement of a batch of keys.
+// errTooManyChanges means a measurement recorded MaxRecordedDeltas.
+var errTooManyChanges = errors.New("too many changes of the counter during the measurement")
+
+// measurement is one bracketed measurement. It records the deltas of every
+// transaction of its counter, whatever the key, from M0's commit to M1, so
+// that one snapshot serves any number of keys: a whole range of them and
+// the keys measured again, read in the same snapshot.
 type measurement struct {
 	id      string
 	counter string
 	gen     uint64
-	keys    []string
-	// prev holds the first measurement's corrections; a correction is
-	// applied when it equals prev's and apply is set.
-	prev  map[string]int64
-	apply bool
 
 	// Stream side, under Recorder.mu.
 	m0Xid     uint32
@@ -70,18 +69,19 @@ type measurement struct {
 	recording bool
 	invalid   error
 	records   []txnRecord
-	committed chan struct{} // closed when M0's transaction committed
+	recorded  int             // deltas in records
+	moved     map[string]bool // keys whose buffered deltas a target lifecycle event moved
+	committed chan struct{}   // closed when M0's transaction committed
 
 	// Reconciler side, set before M1 is emitted.
-	ready  bool
-	snap   Snapshot
-	ws     cdc.LSN
-	truth  map[string]int64
-	column map[string]int64
+	ready bool
+	snap  Snapshot
+	ws    cdc.LSN
 
 	done chan struct{} // closed at M1 or on failure
-	out  outcome
-	err  error
+	// At M1: pending(k), non-zero only, and the moved keys.
+	pending map[string]int64
+	err     error
 }
 
 // Recorder is the part of reconciliation that runs inside the stream: the
@@ -93,10 +93,9 @@ type Recorder struct {
 	log    *zap.Logger
 	active atomic.Int32
 
-	mu     sync.Mutex
-	gen    uint64
-	byID   map[string]*measurement
-	fields map[string]*measurement // "counter:key" → measurement
+	mu   sync.Mutex
+	gen  uint64
+	byID map[string]*measurement
 }
 
 // NewRecorder returns a Recorder for slot's markers.
@@ -104,7 +103,7 @@ func NewRecorder(slot string, log *zap.Logger) *Recorder {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Recorder{slot: slot, log: log, byID: map[string]*measurement{}, fields: map[string]*measurement{}}
+	return &Recorder{slot: slot, log: log, byID: map[string]*measurement{}}
 }
 
 // NewSession forgets everything recorded: a new replication session
@@ -122,24 +121,15 @@ func (r *Recorder) NewSession() {
 }
 
 // register adds a measurement; it starts recording at M0's commit.
-func (r *Recorder) register(m *measurement) error {
+func (r *Recorder) register(m *measurement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, k := range m.keys {
-		f := counter.Field(m.counter, k)
-		if other := r.fields[f]; other != nil {
-			return fmt.Errorf("key %s of counter %s is already being measured", k, m.counter)
-		}
-	}
 	m.gen = r.gen
 	m.committed = make(chan struct{})
 	m.done = make(chan struct{})
+	m.moved = map[string]bool{}
 	r.byID[m.id] = m
-	for _, k := range m.keys {
-		r.fields[counter.Field(m.counter, k)] = m
-	}
 	r.active.Add(1)
-	return nil
 }
 
 // unregister removes m, whatever its state.
@@ -158,30 +148,25 @@ func (r *Recorder) finishLocked(m *measurement, err error) {
 	default:
 	}
 	m.err = err
-	for _, k := range m.keys {
-		if f := counter.Field(m.counter, k); r.fields[f] == m {
-			delete(r.fields, f)
-		}
-	}
 	m.recording = false
 	r.active.Add(-1)
 	close(m.done)
 }
 
-// setSnapshot stores what the REPEATABLE READ transaction read; it must
-// happen before M1 is emitted.
-func (r *Recorder) setSnapshot(m *measurement, snap Snapshot, ws cdc.LSN, truth, column map[string]int64) {
+// setSnapshot stores the snapshot the reads were made in and W as it saw
+// it; it must happen before M1 is emitted.
+func (r *Recorder) setSnapshot(m *measurement, snap Snapshot, ws cdc.LSN) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m.snap, m.ws, m.truth, m.column, m.ready = snap, ws, truth, column, true
+	m.snap, m.ws, m.ready = snap, ws, true
 }
 
 var reconcileTag = []byte(`"reconcile"`)
 
 // HandleMessage is the aggregator's MessageHandler. At a measurement's M1
-// it computes the corrections (the reconciler then emits those to apply);
-// at a correction message it returns the corrections, as deltas of the
-// message's transaction.
+// it computes pending(k) (the reconciler then computes the corrections and
+// emits those to apply); at a correction message it returns the
+// corrections, as deltas of the message's transaction.
 func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error) {
 	if bytes.Contains(content, correctTag) {
 		var c correction
@@ -224,16 +209,20 @@ func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]count
 		}
 		// The corrections do not enter the stream here: they would be
 		// lost with this session if walcount crashed before the flush.
-		// The reconciler emits them in a message of their own.
-		m.out = m.evaluate()
+		// The reconciler computes them from pending and emits them in a
+		// message of their own.
+		m.pending = m.pendingDeltas()
 		r.finishLocked(m, nil)
 		return nil, nil
 	}
 	return nil, nil
 }
 
-// evaluate computes correction(k) = truth(k) − column(k) − pending(k).
-func (m *measurement) evaluate() outcome {
+// pendingDeltas returns pending(k) for every key with recorded deltas:
+// the sum of the deltas of transactions that end after W_S (not in the
+// column as S sees it) and that S sees as committed (in the truth). Keys
+// whose sum is zero are left out.
+func (m *measurement) pendingDeltas() map[string]int64 {
 	pending := map[string]int64{}
 	for _, rec := range m.records {
 		if rec.end <= m.ws || !m.snap.Visible(rec.xid) {
@@ -243,24 +232,16 @@ func (m *measurement) evaluate() outcome {
 			pending[k] += d
 		}
 	}
-	out := outcome{drift: map[string]KeyDrift{}}
-	for _, k := range m.keys {
-		cached := m.column[k] + pending[k]
-		corr := m.truth[k] - cached
-		if corr == 0 {
-			continue
-		}
-		d := KeyDrift{Counter: m.counter, Key: k, Cached: cached, True: m.truth[k], Correction: corr}
-		out.drift[k] = d
-		if m.apply && m.prev != nil && m.prev[k] == corr {
-			out.applied = append(out.applied, d)
+	for k, d := range pending {
+		if d == 0 {
+			delete(pending, k)
 		}
 	}
-	return out
+	return pending
 }
 
 // Observe is the aggregator's TxnObserver: it records the deltas of every
-// transaction after M0 for the keys being measured.
+// transaction after M0 for the measured counter.
 func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool, moved []counter.Move) {
 	if r.active.Load() == 0 {
 		return
@@ -277,40 +258,44 @@ func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int
 			close(m.committed)
 			continue
 		}
-		if m.recording && truncated[m.counter] {
+		if !m.recording || m.invalid != nil {
+			continue
+		}
+		if truncated[m.counter] {
 			// A TRUNCATE resets the column outside the deltas, so this
 			// measurement cannot be exact; it is repeated.
 			m.invalid = errors.New("a TRUNCATE of the source happened during the measurement")
-		}
-	}
-	// A target row deleted or re-keyed moves deltas buffered before it,
-	// outside the transactions recorded: a measurement of its key is
-	// repeated.
-	for _, mv := range moved {
-		for _, f := range []string{mv.Field, mv.To} {
-			if m := r.fields[f]; m != nil && m.recording && m.gen == r.gen {
-				m.invalid = errors.New("a target row of a measured key was deleted or changed its key during the measurement")
-			}
-		}
-	}
-	var recs map[*measurement]*txnRecord
-	for f, d := range deltas {
-		m := r.fields[f]
-		if m == nil || !m.recording {
 			continue
 		}
-		if recs == nil {
-			recs = map[*measurement]*txnRecord{}
+		// A target row deleted or re-keyed moves deltas buffered before
+		// it, outside the transactions recorded: such a key's result is
+		// not exact, and the reconciler measures it again.
+		for _, mv := range moved {
+			for _, f := range []string{mv.Field, mv.To} {
+				if name, key, ok := counter.SplitField(f); ok && name == m.counter {
+					m.moved[key] = true
+				}
+			}
 		}
-		rec := recs[m]
+		var rec *txnRecord
+		for f, d := range deltas {
+			name, key, ok := counter.SplitField(f)
+			if !ok || name != m.counter {
+				continue
+			}
+			if rec == nil {
+				rec = &txnRecord{xid: xid, end: end, deltas: map[string]int64{}}
+			}
+			rec.deltas[key] += d
+			m.recorded++
+		}
 		if rec == nil {
-			rec = &txnRecord{xid: xid, end: end, deltas: map[string]int64{}}
-			recs[m] = rec
+			continue
 		}
-		_, key, _ := counter.SplitField(f)
-		rec.deltas[key] += d
-	}
-	for m, rec := range recs {
 		m.records = append(m.records, *rec)
+		if m.recorded >= MaxRecordedDeltas {
+			m.invalid = errTooManyChanges
+			m.records = nil
+		}
 	}
 }

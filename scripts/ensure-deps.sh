@@ -1,12 +1,27 @@
 #!/bin/sh
-# ensure-deps.sh makes sure the tools walcount's build and tests need are
-# installed: go, PostgreSQL >= 14 server binaries (initdb, postgres, pg_ctl),
-# redis-server and promtool. Missing ones are installed with apt-get when this
-# runs as root on a Debian-like system; otherwise it says what to install and
-# exits 1. It prints nothing when everything is present.
+# ensure-deps.sh [TARGET] makes sure the tools a make target needs are
+# installed, and no more:
+#
+#   demo, bench  go, PostgreSQL >= 14 server binaries (initdb, postgres,
+#                pg_ctl) and redis-server
+#   test         the same and promtool (the alert rules' tests); the default
+#
+# Missing ones are installed with apt-get when this runs as root on a
+# Debian-like system; otherwise it says what to install and exits 1. It
+# prints nothing when everything is present. An unknown target exits 2.
 set -eu
 
 MIN_PG=14
+target=${1:-test}
+
+case $target in
+demo | bench) tools="postgres redis" ;;
+test) tools="postgres redis promtool" ;;
+*)
+	echo "ensure-deps: unknown target '$target': use demo, bench or test" >&2
+	exit 2
+	;;
+esac
 
 # pg_bindir_ok DIR: DIR holds initdb, postgres and pg_ctl of version >= MIN_PG.
 pg_bindir_ok() {
@@ -48,12 +63,17 @@ if ! command -v go >/dev/null 2>&1; then
 	exit 1
 fi
 
-# missing lists the Debian packages of the tools that are not installed.
+# missing lists the Debian packages of the target's tools that are not
+# installed.
 missing() {
 	pkgs=
-	have_postgres || pkgs="$pkgs postgresql"
-	have_redis || pkgs="$pkgs redis-server"
-	have_promtool || pkgs="$pkgs prometheus"
+	for t in $tools; do
+		case $t in
+		postgres) have_postgres || pkgs="$pkgs postgresql" ;;
+		redis) have_redis || pkgs="$pkgs redis-server" ;;
+		promtool) have_promtool || pkgs="$pkgs prometheus" ;;
+		esac
+	done
 	echo "$pkgs"
 }
 
@@ -63,7 +83,7 @@ describe() {
 		case $p in
 		postgresql) echo "  - PostgreSQL >= $MIN_PG server binaries (initdb, postgres, pg_ctl): package postgresql" ;;
 		redis-server) echo "  - redis-server: package redis-server" ;;
-		prometheus) echo "  - promtool: package prometheus" ;;
+		prometheus) echo "  - promtool, for the alert rules' tests: package prometheus" ;;
 		esac
 	done
 }
@@ -73,7 +93,7 @@ pkgs=$(missing)
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 	{
-		echo "ensure-deps: walcount's tests need tools that are not installed:"
+		echo "ensure-deps: make $target needs tools that are not installed:"
 		describe "$pkgs"
 		echo "Install them with:"
 		echo "    sudo apt-get install -y --no-install-recommends$pkgs"
@@ -81,7 +101,7 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 	exit 1
 fi
 
-echo "ensure-deps: installing$pkgs" >&2
+echo "ensure-deps: installing$pkgs (for make $target)" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >&2
 # shellcheck disable=SC2086 # the package list is meant to split

@@ -2,7 +2,7 @@
 // once, and decides W, the position cdc may acknowledge.
 //
 // Every flush interval the Flusher hands the Redis buffer over (RENAME to
-// "flushing", see package redisbuf) and applies it in ONE PostgreSQL
+// "flushing", see package buffer) and applies it in ONE PostgreSQL
 // transaction that also moves the checkpoint with a compare-and-set:
 //
 //	UPDATE walcount.checkpoint SET lsn = U WHERE slot_name = $1 AND lsn = W
@@ -10,7 +10,7 @@
 // The compare-and-set runs first, so it takes the checkpoint row's lock
 // before any counter row: a second flusher, a retried flush or a replayed
 // batch waits on it, then matches no row and rolls back without applying
-// anything (DESIGN §2 rules 1–2). Only after the commit is "flushing"
+// anything (design rules 1–2). Only after the commit is "flushing"
 // deleted and U handed to cdc as the new acknowledgement (rule 3). A crash
 // between any two of these steps is repaired by the next flush: a
 // "flushing" that starts at W is applied again (it was not committed), one

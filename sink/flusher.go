@@ -35,7 +35,7 @@ var (
 )
 
 // Buffer is the part of the buffer the flusher uses: the atomic hand-over
-// of everything buffered past W, and the two ways a flush ends (DESIGN
+// of everything buffered past W, and the two ways a flush ends (design
 // rules 6 and 7). buffer.Redis implements it.
 type Buffer interface {
 	// HandOver starts or resumes a flush from w and returns it, its
@@ -67,7 +67,10 @@ type Options struct {
 	// ChunkSize: default DefaultChunkSize.
 	ChunkSize int
 	Metrics   *metrics.Metrics
-	Logger    *zap.Logger
+	// Tally, when not nil, counts the deltas flushed and dropped per
+	// counter for /status, across sessions.
+	Tally  *counter.Tally
+	Logger *zap.Logger
 	// Failpoints are armed by crash tests; nil in production.
 	Failpoints *failpoint.Set
 	// FlushLog remembers what each flush applied for the aggregator;
@@ -271,6 +274,7 @@ func (f *Flusher) group(fields map[string]int64) ([]*counterBatch, error) {
 			// were buffered: there is nowhere to apply them.
 			f.log.Warn("dropping deltas of an unknown counter", zap.String("counter", name), zap.String("key", key))
 			f.opt.Metrics.DeltasDropped.WithLabelValues(name).Inc()
+			f.opt.Tally.Add(name, counter.TallyDropped, 1)
 			continue
 		}
 		b := by[name]
@@ -368,10 +372,12 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 			}
 		}
 		f.opt.Metrics.DeltasFlushed.WithLabelValues(b.t.Counter.Name).Add(float64(flushed - dropped))
+		f.opt.Tally.Add(b.t.Counter.Name, counter.TallyFlushed, flushed-dropped)
 		if dropped > 0 {
 			// The target rows went away; the Rails buffer pattern drops
 			// these deltas too.
 			f.opt.Metrics.DeltasDropped.WithLabelValues(b.t.Counter.Name).Add(float64(dropped))
+			f.opt.Tally.Add(b.t.Counter.Name, counter.TallyDropped, dropped)
 		}
 	}
 	// The marker places this transaction in the stream, among the target
@@ -399,7 +405,7 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 
 // Barrier applies a TRUNCATE: everything buffered before it is flushed,
 // then one transaction zeroes the truncated counters, applies the
-// transaction's own later deltas and moves W to end (DESIGN §2 rule 10).
+// transaction's own later deltas and moves W to end (design rule 10).
 // The caller must not add to the buffer while Barrier runs.
 func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, deltas []counter.Delta) error {
 	f.mu.Lock()

@@ -50,7 +50,7 @@ FROM walcount.checkpoint WHERE slot_name = $1`, slot).Scan(&lsn, &age)
 }
 
 // CompareAndSet moves the checkpoint of slot from W to next inside tx, the
-// transaction that applies the deltas of (W, next] (DESIGN rules 1 and 2).
+// transaction that applies the deltas of (W, next] (design rules 1 and 2).
 // It reports false when the checkpoint is not W: someone committed the
 // batch already, and the caller must roll back. Run it first in the
 // transaction, so that it takes the checkpoint row's lock before any
@@ -150,7 +150,7 @@ SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relname
 // SnapshotCheckpoint returns, inside a REPEATABLE READ transaction, the
 // transaction's snapshot (pg_current_snapshot() as text) and W as that
 // snapshot sees it. It must be the transaction's first statement: that
-// fixes the snapshot every later statement uses (DESIGN §5, step 3).
+// fixes the snapshot every later statement uses (docs/design.md §5, step 3).
 func SnapshotCheckpoint(ctx context.Context, tx pgx.Tx, slot string) (snapshot string, w LSN, err error) {
 	err = tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text, (SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1)`, slot).Scan(&snapshot, &w)
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 )
 
 // Dirty is a counter, or one key of it, that walcount cannot vouch for:
-// part of its history was not seen (DESIGN rule 14). Reconciliation
+// part of its history was not seen (design rule 14). Reconciliation
 // measures it exactly and clears the mark.
 type Dirty struct {
 	ID      int64  `json:"id"`

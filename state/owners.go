@@ -12,7 +12,7 @@ import (
 var ErrOwned = errors.New("counter column is kept by another slot")
 
 // OwnedError says that a target column belongs to another slot: two slots
-// keeping one column would count every change twice (DESIGN rule 15).
+// keeping one column would count every change twice (design rule 15).
 type OwnedError struct {
 	Table, Column string
 	// Owner is the slot that keeps the column.
@@ -101,6 +101,7 @@ func Release(ctx context.Context, q Querier, slot, publication string) (others i
 	for _, stmt := range []string{
 		`DELETE FROM walcount.owners WHERE slot_name = $1`,
 		`DELETE FROM walcount.dirty WHERE slot_name = $1`,
+		`DELETE FROM walcount.partitions WHERE slot_name = $1`,
 		`DELETE FROM walcount.counters WHERE slot_name = $1`,
 		`DELETE FROM walcount.reconcile_runs WHERE slot_name = $1`,
 		`DELETE FROM walcount.checkpoint WHERE slot_name = $1`,

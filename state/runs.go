@@ -25,7 +25,7 @@ const (
 	KindManual    = "manual"
 	KindScheduled = "scheduled"
 	KindBackfill  = "backfill"
-	// KindDirty repairs a dirty counter or dirty keys (DESIGN rule 14).
+	// KindDirty repairs a dirty counter or dirty keys (design rule 14).
 	KindDirty = "dirty"
 )
 

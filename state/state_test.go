@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +166,38 @@ func TestCompareAndSet(t *testing.T) {
 	w, age, err := ReadCheckpointAge(ctx, db, "s")
 	if err != nil || w != 200 || age > time.Minute {
 		t.Fatalf("ReadCheckpointAge = %s, %s, %v; want 0/C8 just now", w, age, err)
+	}
+}
+
+func TestLeafChanges(t *testing.T) {
+	a := Leaf{OID: 1, Name: "likes_a", FileNode: 10, Attached: "700"}
+	b := Leaf{OID: 2, Name: "likes_b", FileNode: 20, Attached: "701"}
+	c := Leaf{OID: 3, Name: "likes_c", FileNode: 30, Attached: "702", Preexisting: true}
+	truncated := a
+	truncated.FileNode = 11
+	reattached := b
+	reattached.Attached = "800"
+	tests := []struct {
+		name       string
+		saved, now []Leaf
+		changes    []string
+		added      []Leaf
+	}{
+		{"same", []Leaf{a, b}, []Leaf{a, b}, nil, nil},
+		{"dropped", []Leaf{a, b}, []Leaf{a}, []string{"partition likes_b detached or dropped"}, nil},
+		{"truncated", []Leaf{a, b}, []Leaf{truncated, b}, []string{"partition likes_a truncated or rewritten"}, nil},
+		{"attached again", []Leaf{a, b}, []Leaf{a, reattached}, []string{"partition likes_b detached and attached again"}, nil},
+		{"added", []Leaf{a}, []Leaf{a, c}, nil, []Leaf{c}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			changes, added := LeafChanges(tt.saved, tt.now)
+			if !slices.Equal(changes, tt.changes) {
+				t.Errorf("changes = %q, want %q", changes, tt.changes)
+			}
+			if !slices.Equal(added, tt.added) {
+				t.Errorf("added = %+v, want %+v", added, tt.added)
+			}
+		})
 	}
 }

@@ -188,7 +188,7 @@ func advance(t *testing.T, b *buffer.Redis, _ redis.UniversalClient) {
 
 // lostBufferIsDetected: a deleted buffer hash is a loss, whether the next
 // write or the next hand-over meets it; HINCRBY must not quietly recreate
-// it and a hand-over must not read it as empty (DESIGN rule 13).
+// it and a hand-over must not read it as empty (design rule 13).
 func lostBufferIsDetected(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
 	ctx := context.Background()
 	if err := b.Reset(ctx, 10, "history"); err != nil {

@@ -72,6 +72,10 @@ func TestCheckAndRunAgree(t *testing.T) {
 		schema string
 		setup  bool
 		config string
+		// problems, when not 0, is how many problems check must name:
+		// one mistake in the configuration is one problem, not also the
+		// findings that follow from it.
+		problems int
 	}{
 		{name: "ready", schema: goodSchema, setup: true},
 		{name: "not set up", schema: goodSchema},
@@ -79,7 +83,8 @@ func TestCheckAndRunAgree(t *testing.T) {
 CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
 CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`},
 		{name: "config names a missing column", schema: goodSchema, setup: true,
-			config: "counters:\n  - {name: a, source: likes, key: post_idd, target: posts, target_key: id, column: likes_count}\n"},
+			config:   "counters:\n  - {name: a, source: likes, key: post_idd, target: posts, target_key: id, column: likes_count}\n",
+			problems: 1},
 		{name: "missing counter column", schema: `
 CREATE TABLE posts (id bigint PRIMARY KEY);
 CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
@@ -113,6 +118,9 @@ ALTER TABLE likes REPLICA IDENTITY FULL;`},
 			cp, rp := problemLines(checkOut), problemLines(runOut)
 			if len(cp) == 0 || !slices.Equal(cp, rp) {
 				t.Fatalf("check and run name different problems\ncheck: %q\nrun:   %q", cp, rp)
+			}
+			if tt.problems != 0 && len(cp) != tt.problems {
+				t.Fatalf("check names %d problems, want %d:\n%s", len(cp), tt.problems, checkOut)
 			}
 		})
 	}

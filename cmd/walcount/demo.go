@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/demo"
 )
 
@@ -53,7 +54,11 @@ schema, slot and publication, all named walcount_demo, and drops them at the end
 			if fl.Changed("log-level") {
 				level = g.logLevel
 			}
-			log, err := newLogger(level)
+			format := config.LogFormatAuto
+			if fl.Changed("log-format") {
+				format = g.logFormat
+			}
+			log, err := newLogger(level, format)
 			if err != nil {
 				return err
 			}

@@ -14,11 +14,21 @@ import (
 	"github.com/walcount/walcount/internal/preflight"
 )
 
-// Exit codes (DESIGN §6).
+// Exit codes (docs/design.md §6), as README.md states them for scripts.
 const (
-	exitOK      = 0
+	exitOK = 0
+	// exitFailure is a runtime problem: a server that does not answer, a
+	// database walcount cannot run against, a warning of walcount status.
 	exitFailure = 1
-	exitUsage   = 2
+	// exitUsage is a usage or configuration error: an unknown command or
+	// flag, a bad setting, a preflight problem only the configuration can
+	// fix.
+	exitUsage = 2
+	// exitDrift is walcount reconcile --dry-run's status when it found
+	// drift. It is neither 1, which says the reconciliation could not
+	// run, nor 2, so that a script can tell "the counters are off" from
+	// "the question could not be answered".
+	exitDrift = 3
 )
 
 // usageError marks a command-line mistake (exit 2).

@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/testenv"
 )
 
@@ -11,8 +12,11 @@ import (
 // cannot change what the tests see (tests that run in parallel cannot use
 // t.Setenv), and closes the shared test servers after the package's tests.
 func TestMain(m *testing.M) {
-	for _, v := range []string{"WALCOUNT_CONFIG", "WALCOUNT_DATABASE_URL", "DATABASE_URL", "WALCOUNT_REDIS_URL", "REDIS_URL"} {
+	for _, v := range []string{"DATABASE_URL", "REDIS_URL"} {
 		os.Unsetenv(v)
+	}
+	for _, s := range config.Settings {
+		os.Unsetenv(s.Env)
 	}
 	testenv.Main(m)
 }

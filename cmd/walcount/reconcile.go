@@ -24,40 +24,87 @@ func newReconcileCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "reconcile",
 		Short: "Compare the counters with COUNT(*)/SUM() and correct what drifted, while writes go on",
-		Long: `walcount reconcile asks the running daemon (at --http-addr) to reconcile:
-every key of every counter (or of --counter) is measured against the truth
-without stopping writes, and keys that two measurements agree are off are
-corrected through the stream, exactly once. --dry-run only reports them.`,
+		Long: `walcount reconcile asks the running daemon (at --http-addr, WALCOUNT_HTTP_ADDR
+or the config's http_addr, as walcount run resolves it) to reconcile: every
+key of every counter (or of --counter) is measured against the truth without
+stopping writes, and keys that two measurements agree are off are corrected
+through the stream, exactly once. --dry-run only reports them. When the
+daemon requires a token, set WALCOUNT_HTTP_TOKEN (or --http-token).
+--max-keys-per-second (WALCOUNT_MAX_KEYS_PER_SECOND, the config's
+reconcile.max_keys_per_second) paces the run; unset, the daemon's own
+limit applies.
+
+Exit status:
+  0  done: no drift, or every drifted key corrected
+  1  the reconciliation could not run or failed (no daemon answers, ...)
+  2  a usage or configuration error
+  3  --dry-run found drift (nothing was changed)`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load(cmd)
 			if err != nil {
 				return err
 			}
 			if cfg.HTTPAddr == "" {
-				return usageError{errors.New("walcount reconcile talks to the daemon over HTTP: set --http-addr")}
+				return usageError{errors.New("walcount reconcile talks to the daemon over HTTP, and http_addr is empty: set --http-addr or WALCOUNT_HTTP_ADDR to the daemon's address")}
 			}
-			return runReconcile(cmd.Context(), cmd.OutOrStdout(), "http://"+cfg.HTTPAddr, req)
+			// The run keeps to --max-keys-per-second (which the loader
+			// ranks above the variable and the file, and validates), else
+			// to the limit this command's variable or file sets, else to
+			// the daemon's.
+			switch {
+			case cmd.Flags().Changed("max-keys-per-second"):
+				n := cfg.Reconcile.MaxKeysPerSecond
+				req.MaxKeysPerSecond = &n
+			case cfg.Reconcile.MaxKeysPerSecond > 0:
+				n := cfg.Reconcile.MaxKeysPerSecond
+				req.MaxKeysPerSecond = &n
+			}
+			return runReconcile(cmd.Context(), cmd.OutOrStdout(), daemonAPI{addr: cfg.HTTPAddr, token: cfg.HTTPToken}, req)
 		},
 	}
 	cmd.Flags().StringVar(&req.Counter, "counter", "", "reconcile only this counter")
-	cmd.Flags().BoolVar(&req.DryRun, "dry-run", false, "report drift, change nothing")
+	cmd.Flags().BoolVar(&req.DryRun, "dry-run", false, "report drift, change nothing; exit 3 when there is drift")
 	cmd.Flags().IntVar(&req.BatchSize, "batch-size", 0, "keys per measurement (default: the daemon's reconcile.batch_size)")
+	cmd.Flags().IntVar(&g.maxKeys, "max-keys-per-second", 0, settingHelp("max-keys-per-second",
+		"at most this many keys read per second by this run, 0 for no limit; unset, the daemon's own limit applies"))
 	return cmd
 }
 
-func runReconcile(ctx context.Context, out io.Writer, base string, req reconcile.Request) error {
+// daemonAPI is where the daemon's HTTP API listens and the token its POST
+// requests need.
+type daemonAPI struct {
+	addr  string
+	token string
+}
+
+// noDaemon says that nothing answers at addr and how to point walcount at
+// the daemon.
+func noDaemon(addr string, err error) error {
+	return fmt.Errorf("no walcount daemon answers at %s (%v): start it with `walcount run`, or point at its address with --http-addr or WALCOUNT_HTTP_ADDR (reconciliation runs inside the daemon, which follows the stream)", addr, err)
+}
+
+func runReconcile(ctx context.Context, out io.Writer, api daemonAPI, req reconcile.Request) error {
 	body, _ := json.Marshal(req)
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/reconcile", bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api.addr+"/v1/reconcile", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
+	if api.token != "" {
+		hreq.Header.Set("Authorization", "Bearer "+api.token)
+	}
 	resp, err := http.DefaultClient.Do(hreq)
 	if err != nil {
-		return fmt.Errorf("no walcount daemon answers at %s (%v): start it with `walcount run` (reconciliation runs inside the daemon, which follows the stream)", base, err)
+		return noDaemon(api.addr, err)
 	}
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		if api.token == "" {
+			return fmt.Errorf("the daemon at %s requires a token: set WALCOUNT_HTTP_TOKEN (or --http-token) to its http_token", api.addr)
+		}
+		return fmt.Errorf("the daemon at %s refused the token: WALCOUNT_HTTP_TOKEN (or --http-token) differs from its http_token", api.addr)
+	}
 	if resp.StatusCode != http.StatusAccepted {
 		var e struct {
 			Error string `json:"error"`
@@ -88,7 +135,7 @@ func runReconcile(ctx context.Context, out io.Writer, base string, req reconcile
 			return ctx.Err()
 		case <-time.After(300 * time.Millisecond):
 		}
-		st, err := fetchReconcileStatus(ctx, base)
+		st, err := fetchReconcileStatus(ctx, api.addr)
 		if err != nil {
 			return fmt.Errorf("follow reconciliation %d: %w", run.ID, err)
 		}
@@ -123,8 +170,8 @@ func runReconcile(ctx context.Context, out io.Writer, base string, req reconcile
 	}
 }
 
-func fetchReconcileStatus(ctx context.Context, base string) (reconcile.Status, error) {
-	raw, err := fetchDaemonStatus(ctx, base[len("http://"):])
+func fetchReconcileStatus(ctx context.Context, addr string) (reconcile.Status, error) {
+	raw, err := fetchDaemonStatus(ctx, addr)
 	if err != nil {
 		return reconcile.Status{}, err
 	}
@@ -152,6 +199,11 @@ func summarize(out io.Writer, r reconcile.RunInfo, took time.Duration) error {
 		r.ID, r.Status, r.KeysChecked, r.Drifted, map[bool]int64{true: r.Drifted, false: r.Corrected}[r.DryRun], verb, took.Round(time.Millisecond))
 	if r.Status != state.StatusDone {
 		return fmt.Errorf("reconciliation %d failed: %s", r.ID, r.Error)
+	}
+	if r.DryRun && r.Drifted > 0 {
+		// The summary above is the whole answer; the status says it to
+		// scripts.
+		return exitCodeError{exitDrift}
 	}
 	return nil
 }

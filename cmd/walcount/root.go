@@ -13,7 +13,7 @@ import (
 	"github.com/walcount/walcount/internal/config"
 )
 
-// globalFlags are the settings every command shares (DESIGN §6).
+// globalFlags are the settings every command shares (docs/design.md §6).
 type globalFlags struct {
 	configPath    string
 	databaseURL   string
@@ -22,8 +22,12 @@ type globalFlags struct {
 	publication   string
 	flushInterval time.Duration
 	httpAddr      string
+	httpToken     string
 	logLevel      string
+	logFormat     string
 	cpuScheduling string // walcount run only
+	onSlotLoss    string // walcount run only
+	maxKeys       int    // walcount reconcile only
 }
 
 func newRootCmd() *cobra.Command {
@@ -34,20 +38,42 @@ func newRootCmd() *cobra.Command {
 		Long: `walcount reads inserts, deletes, updates and truncates of your source tables
 from a logical replication slot, turns them into signed deltas, coalesces them
 in Redis and applies them to counter columns such as posts.likes_count once
-per flush interval: exactly once, with no application code.`,
+per flush interval: exactly once, with no application code.
+
+Every setting comes from the first of: its flag, its environment variable
+(WALCOUNT_ and the flag's name, e.g. WALCOUNT_HTTP_ADDR), the config file,
+the default.
+
+Exit status: 0 success, 1 a runtime problem, 2 a usage or configuration
+error; walcount reconcile --dry-run exits 3 when it found drift.`,
+		Version:       buildVersion(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// cobra reports an unknown subcommand of a root that cannot run
+		// as a plain error (exit 1). A root that runs gets it in Args
+		// instead, which makes it a usage error, like an unknown flag;
+		// without arguments the root prints its help, as before.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q; see walcount --help", args[0], cmd.CommandPath())}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	root.SetVersionTemplate(versionLine() + "\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	f := root.PersistentFlags()
-	f.StringVar(&g.configPath, "config", "", "YAML config file (env WALCOUNT_CONFIG)")
-	f.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (env WALCOUNT_DATABASE_URL, DATABASE_URL; default "+config.DefaultDatabaseURL+")")
-	f.StringVar(&g.redisURL, "redis-url", "", "Redis URL (env WALCOUNT_REDIS_URL, REDIS_URL; default "+config.DefaultRedisURL+")")
-	f.StringVar(&g.slot, "slot", "", "logical replication slot (default "+config.DefaultSlot+")")
-	f.StringVar(&g.publication, "publication", "", "publication (default "+config.DefaultPublication+")")
-	f.DurationVar(&g.flushInterval, "flush-interval", 0, "how often deltas are applied to PostgreSQL (default 1s)")
-	f.StringVar(&g.httpAddr, "http-addr", "", "HTTP listen address for /metrics, /healthz, /readyz, /status (default "+config.DefaultHTTPAddr+")")
-	f.StringVar(&g.logLevel, "log-level", "", "debug, info, warn or error (default info)")
+	f.StringVar(&g.configPath, "config", "", settingHelp("config", "YAML config file"))
+	f.StringVar(&g.databaseURL, "database-url", "", settingHelp("database-url", "PostgreSQL URL"))
+	f.StringVar(&g.redisURL, "redis-url", "", settingHelp("redis-url", "Redis URL"))
+	f.StringVar(&g.slot, "slot", "", settingHelp("slot", "logical replication slot"))
+	f.StringVar(&g.publication, "publication", "", settingHelp("publication", "publication"))
+	f.DurationVar(&g.flushInterval, "flush-interval", 0, settingHelp("flush-interval", "how often deltas are applied to PostgreSQL"))
+	f.StringVar(&g.httpAddr, "http-addr", "", settingHelp("http-addr", "HTTP API address: run serves /metrics, /healthz, /readyz, /status and POST /v1/reconcile there; status and reconcile ask the daemon there"))
+	f.StringVar(&g.httpToken, "http-token", "", settingHelp("http-token", "bearer token POST /v1/reconcile requires when set; prefer the variable, a command line is visible to other users"))
+	f.StringVar(&g.logLevel, "log-level", "", settingHelp("log-level", "debug, info, warn or error"))
+	f.StringVar(&g.logFormat, "log-format", "", settingHelp("log-format", "auto (console on a terminal, JSON otherwise), console or json"))
 
 	root.AddCommand(
 		newRunCmd(g),
@@ -66,6 +92,25 @@ per flush interval: exactly once, with no application code.`,
 		}
 	}
 	return root
+}
+
+// settingHelp is the help of a setting's flag: what it is, then its
+// variable and config key, from config.Settings, so that the help cannot
+// name a variable the loader does not read.
+func settingHelp(flag, what string) string {
+	s, ok := config.SettingByFlag(flag)
+	if !ok {
+		panic("flag --" + flag + " has no config.Setting")
+	}
+	// In the order they win, after the flag.
+	src := "env " + s.Env
+	if s.Key != "" {
+		src += ", config " + s.Key
+	}
+	if s.Fallback != "" {
+		src += ", env " + s.Fallback
+	}
+	return fmt.Sprintf("%s (%s; default %s)", what, src, s.Default)
 }
 
 func noArgs(cmd *cobra.Command, args []string) error {
@@ -98,11 +143,23 @@ func (g *globalFlags) load(cmd *cobra.Command) (config.Config, error) {
 	if fl.Changed("http-addr") {
 		ov.HTTPAddr = &g.httpAddr
 	}
+	if fl.Changed("http-token") {
+		ov.HTTPToken = &g.httpToken
+	}
 	if fl.Changed("log-level") {
 		ov.LogLevel = &g.logLevel
 	}
+	if fl.Changed("log-format") {
+		ov.LogFormat = &g.logFormat
+	}
 	if fl.Lookup("cpu-scheduling") != nil && fl.Changed("cpu-scheduling") {
 		ov.CPUScheduling = &g.cpuScheduling
+	}
+	if fl.Lookup("on-slot-loss") != nil && fl.Changed("on-slot-loss") {
+		ov.OnSlotLoss = &g.onSlotLoss
+	}
+	if fl.Lookup("max-keys-per-second") != nil && fl.Changed("max-keys-per-second") {
+		ov.MaxKeysPerSecond = &g.maxKeys
 	}
 	path := g.configPath
 	if !fl.Changed("config") {
@@ -111,24 +168,43 @@ func (g *globalFlags) load(cmd *cobra.Command) (config.Config, error) {
 	return config.Load(path, os.LookupEnv, ov)
 }
 
-// newLogger returns zap's JSON logger when stderr is not a terminal and a
-// console logger when it is (DESIGN §6).
-func newLogger(level string) (*zap.Logger, error) {
+// newLogger returns the logger of format (config.LogFormatAuto, console
+// or json) at level. auto is zap's console encoder when stderr is a
+// terminal and JSON otherwise (docs/design.md §6).
+//
+// Errors that walcount expects (a refused start, a failed session) carry
+// no stack trace: their message says what is wrong and what to do, and a
+// trace of the logging call adds nothing but noise. Only a bug, logged at
+// DPanic level or above, gets one.
+func newLogger(level, format string) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--log-level: %w", err)}
 	}
+	if format == "" || format == config.LogFormatAuto {
+		format = config.LogFormatJSON
+		if term.IsTerminal(int(os.Stderr.Fd())) {
+			format = config.LogFormatConsole
+		}
+	}
 	var cfg zap.Config
-	if term.IsTerminal(int(os.Stderr.Fd())) {
+	switch format {
+	case config.LogFormatConsole:
 		cfg = zap.NewDevelopmentConfig()
-		cfg.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
-		cfg.DisableStacktrace = true
-	} else {
+		// Development mode makes DPanic panic; walcount never wants that.
+		cfg.Development = false
+		if term.IsTerminal(int(os.Stderr.Fd())) {
+			cfg.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
+	case config.LogFormatJSON:
 		cfg = zap.NewProductionConfig()
 		cfg.EncoderConfig.TimeKey = "ts"
 		cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
 		cfg.Sampling = nil
+	default:
+		return nil, usageError{fmt.Errorf("--log-format: %q is not one of auto, console, json", format)}
 	}
+	cfg.DisableStacktrace = true
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	return cfg.Build()
+	return cfg.Build(zap.AddStacktrace(zapcore.DPanicLevel))
 }

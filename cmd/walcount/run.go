@@ -28,7 +28,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(cfg.LogLevel)
+			log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
 			if err != nil {
 				return err
 			}
@@ -37,7 +37,8 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&skipCheck, "skip-check", false, "start without the preflight checks of walcount check")
-	cmd.Flags().StringVar(&g.cpuScheduling, "cpu-scheduling", "", "batch (Linux SCHED_BATCH: never preempt a database backend on a shared host) or normal (default batch)")
+	cmd.Flags().StringVar(&g.cpuScheduling, "cpu-scheduling", "", settingHelp("cpu-scheduling", "batch (Linux SCHED_BATCH: never preempt a database backend on a shared host) or normal"))
+	cmd.Flags().StringVar(&g.onSlotLoss, "on-slot-loss", "", settingHelp("on-slot-loss", "what to do when the slot is lost or invalidated: stop (exit 1 for an operator) or recreate (a new slot, every counter marked dirty and reconciled)"))
 	return cmd
 }
 
@@ -65,6 +66,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 			Status:    func(ctx context.Context) any { return d.Status(ctx) },
 			Ready:     d.Ready,
 			Reconcile: d.ReconcileHandler(),
+			Token:     cfg.HTTPToken,
 			Logger:    log,
 		})
 		// Start logs the address it bound.
@@ -85,7 +87,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 	return nil
 }
 
-// runPreflight refuses to start rather than count wrongly (DESIGN §2 rule
+// runPreflight refuses to start rather than count wrongly (design rule
 // 11): it runs walcount check's findings through the same gate as check,
 // logs the warnings and returns the *preflight.Refusal that lists every
 // problem with its fix.

@@ -6,11 +6,11 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/setup"
 )
 
@@ -71,7 +71,7 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&opt.PrintSQL, "print-sql", false, "print the SQL instead of running it")
-	cmd.Flags().BoolVar(&opt.RecreateSlot, "recreate-slot", false, "drop and recreate the slot (after it was lost); follow with walcount reconcile")
+	cmd.Flags().BoolVar(&opt.RecreateSlot, "recreate-slot", false, "drop and recreate the slot (after it was lost); every counter is marked dirty and walcount run repairs it")
 	cmd.Flags().BoolVar(&opt.FixReplicaIdentity, "fix-replica-identity", false, "set REPLICA IDENTITY FULL on sources whose identity lacks a counter's columns")
 	return cmd
 }
@@ -101,11 +101,11 @@ func newTeardownCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			defer conn.Close(context.Background())
-			ropt, err := redis.ParseURL(cfg.RedisURL)
+			ropt, err := cfg.RedisOptions()
 			if err != nil {
 				return &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: err.Error()}}}
 			}
-			rdb := redis.NewClient(ropt)
+			rdb := redisconn.New(ropt, nil)
 			defer rdb.Close()
 			if err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication); err != nil {
 				return err

@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/state"
 )
@@ -26,14 +27,17 @@ type statusReport struct {
 	CheckpointAt    *time.Time         `json:"checkpoint_updated_at,omitempty"`
 	CheckpointAge   *float64           `json:"checkpoint_age_seconds,omitempty"`
 	CheckpointError string             `json:"checkpoint_error,omitempty"`
-	RedisLSN        string             `json:"redis_lsn,omitempty"`
-	BufferKeys      *int64             `json:"buffer_keys,omitempty"`
-	FlushInProgress bool               `json:"flush_in_progress"`
-	RedisError      string             `json:"redis_error,omitempty"`
-	RedisEviction   string             `json:"redis_eviction,omitempty"`
-	Daemon          json.RawMessage    `json:"daemon,omitempty"`
-	DaemonError     string             `json:"daemon_error,omitempty"`
-	Warnings        []string           `json:"warnings,omitempty"`
+	// Dirty are the counters, or keys, walcount cannot vouch for until a
+	// reconciliation repaired them, read from its state schema.
+	Dirty           []state.Dirty   `json:"dirty,omitempty"`
+	RedisLSN        string          `json:"redis_lsn,omitempty"`
+	BufferKeys      *int64          `json:"buffer_keys,omitempty"`
+	FlushInProgress bool            `json:"flush_in_progress"`
+	RedisError      string          `json:"redis_error,omitempty"`
+	RedisEviction   string          `json:"redis_eviction,omitempty"`
+	Daemon          json.RawMessage `json:"daemon,omitempty"`
+	DaemonError     string          `json:"daemon_error,omitempty"`
+	Warnings        []string        `json:"warnings,omitempty"`
 }
 
 func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON bool) error {
@@ -51,12 +55,15 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	} else {
 		at, sec := time.Now().Add(-age), age.Seconds()
 		r.Checkpoint, r.CheckpointAt, r.CheckpointAge = w.String(), &at, &sec
+		if r.Dirty, err = state.ListDirty(ctx, conn, cfg.Slot); err != nil {
+			return err
+		}
 	}
-	if ropt, err := redis.ParseURL(cfg.RedisURL); err != nil {
+	if ropt, err := cfg.RedisOptions(); err != nil {
 		// A parse error may quote the URL, password included.
 		r.RedisError = redact.URL(err.Error())
 	} else {
-		rdb := redis.NewClient(ropt)
+		rdb := redisconn.New(ropt, nil)
 		defer rdb.Close()
 		buf := buffer.New(rdb, cfg.Slot)
 		if meta, err := buf.Meta(ctx); err != nil {
@@ -75,16 +82,24 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	if cfg.HTTPAddr != "" {
 		r.Daemon, err = fetchDaemonStatus(ctx, cfg.HTTPAddr)
 		if err != nil {
-			r.DaemonError = fmt.Sprintf("no daemon answers at %s (%v)", cfg.HTTPAddr, err)
+			r.DaemonError = fmt.Sprintf("no daemon answers at %s (%v); if it listens elsewhere, point at it with --http-addr or WALCOUNT_HTTP_ADDR", cfg.HTTPAddr, err)
 		}
 	}
 	r.Warnings = statusWarnings(r)
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	} else {
+		printStatus(out, cfg, r)
 	}
-	printStatus(out, cfg, r)
+	if len(r.Warnings) > 0 {
+		// The report says what is wrong; the status lets a script or a
+		// cron job notice without parsing it.
+		return exitCodeError{exitFailure}
+	}
 	return nil
 }
 
@@ -128,8 +143,37 @@ func statusWarnings(r statusReport) []string {
 	if s.WALStatus == monitor.WALUnreserved {
 		w = append(w, "wal_status is unreserved: the slot is about to lose WAL it needs; catch up now or raise max_slot_wal_keep_size")
 	}
+	if r.CheckpointError != "" {
+		w = append(w, "walcount.checkpoint: "+r.CheckpointError)
+	}
+	for _, counter := range dirtyCounters(r.Dirty) {
+		w = append(w, fmt.Sprintf("counter %s is DIRTY (%s): its counts may be wrong until walcount's reconciliation repairs it, which it runs by itself", counter.name, counter.cause))
+	}
+	if r.RedisError != "" {
+		w = append(w, "redis does not answer: "+r.RedisError+"; walcount cannot buffer deltas until it does (check --redis-url / WALCOUNT_REDIS_URL and the server)")
+	}
 	if r.RedisEviction != "" {
 		w = append(w, "redis: "+r.RedisEviction)
+	}
+	if r.Daemon != nil {
+		var d struct {
+			Streaming bool     `json:"streaming"`
+			Waiting   bool     `json:"waiting_for_slot"`
+			Failures  int      `json:"consecutive_failures"`
+			LastError string   `json:"last_error"`
+			Degraded  []string `json:"degraded"`
+		}
+		err := json.Unmarshal(r.Daemon, &d)
+		for _, name := range d.Degraded {
+			w = append(w, fmt.Sprintf("counter %s is DEGRADED: its source's replica identity lacks a column it reads, so deletes and updates cannot be attributed; restore it (walcount check says how) and walcount repairs the counter by itself", name))
+		}
+		if err == nil && !d.Streaming && !d.Waiting {
+			msg := fmt.Sprintf("the daemon is NOT streaming (%d consecutive failures)", d.Failures)
+			if d.LastError != "" {
+				msg += ": " + d.LastError
+			}
+			w = append(w, msg)
+		}
 	}
 	return w
 }
@@ -181,17 +225,22 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		}
 		fmt.Fprintf(tw, "buffer\t%d keys up to %s%s\n", *r.BufferKeys, r.RedisLSN, fl)
 	}
+	for _, c := range dirtyCounters(r.Dirty) {
+		fmt.Fprintf(tw, "dirty\t%s: %s, since %s ago\n", c.name, c.what, secondsAgo(time.Since(c.since).Seconds()))
+	}
 	if r.DaemonError != "" {
 		fmt.Fprintf(tw, "daemon\t%s\n", r.DaemonError)
 	} else if r.Daemon != nil {
 		// The fields of daemon.Status that a person reads first.
 		var d struct {
-			Streaming bool     `json:"streaming"`
-			Waiting   bool     `json:"waiting_for_slot"`
-			Received  string   `json:"received_lsn"`
-			Age       *float64 `json:"checkpoint_age_seconds"`
-			Failures  int      `json:"consecutive_failures"`
-			LastError string   `json:"last_error"`
+			Streaming    bool     `json:"streaming"`
+			Waiting      bool     `json:"waiting_for_slot"`
+			Received     string   `json:"received_lsn"`
+			Age          *float64 `json:"checkpoint_age_seconds"`
+			Failures     int      `json:"consecutive_failures"`
+			LastError    string   `json:"last_error"`
+			StandbySlots []string `json:"standby_slots"`
+			AckHeld      int64    `json:"ack_held_bytes"`
 		}
 		_ = json.Unmarshal(r.Daemon, &d)
 		switch {
@@ -209,11 +258,51 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		if d.LastError != "" {
 			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
 		}
+		if len(d.StandbySlots) > 0 {
+			fmt.Fprintf(tw, "standbys\tW is confirmed once %s have each flush; %s waiting\n", strings.Join(d.StandbySlots, ", "), humanBytes(d.AckHeld))
+		}
 	}
 	tw.Flush()
 	for _, w := range r.Warnings {
 		fmt.Fprintf(out, "WARNING: %s\n", w)
 	}
+}
+
+// dirtyCounter sums up one counter's dirty marks.
+type dirtyCounter struct {
+	name, what, cause string
+	since             time.Time
+}
+
+// dirtyCounters groups dirty marks by counter, in the order of their first
+// mark: the whole counter, or how many keys, with the oldest cause.
+func dirtyCounters(marks []state.Dirty) []dirtyCounter {
+	var out []dirtyCounter
+	keys := map[string]int{}
+	whole := map[string]bool{}
+	for _, m := range marks {
+		i := slices.IndexFunc(out, func(c dirtyCounter) bool { return c.name == m.Counter })
+		if i < 0 {
+			out = append(out, dirtyCounter{name: m.Counter, cause: m.Cause, since: m.Since})
+			i = len(out) - 1
+		}
+		if m.Since.Before(out[i].since) {
+			out[i].since, out[i].cause = m.Since, m.Cause
+		}
+		if m.Key == nil {
+			whole[m.Counter] = true
+		} else {
+			keys[m.Counter]++
+		}
+	}
+	for i := range out {
+		if whole[out[i].name] {
+			out[i].what = "the whole counter"
+		} else {
+			out[i].what = fmt.Sprintf("%d keys", keys[out[i].name])
+		}
+	}
+	return out
 }
 
 // walStatusMeaning says what each pg_replication_slots.wal_status means

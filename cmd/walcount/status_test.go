@@ -23,6 +23,7 @@ import (
 	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/internal/testenv"
 	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/state"
 )
 
 // These tests run walcount status and walcount run against real, private
@@ -92,14 +93,24 @@ func (c *cluster) like(t *testing.T, n int) {
 	c.exec(t, fmt.Sprintf("INSERT INTO likes (post_id) SELECT 1 + g %% 20 FROM generate_series(1, %d) g", n))
 }
 
-// status runs walcount status and returns its output.
+// status runs walcount status and returns its output. It also checks the
+// exit status: 1 exactly when the report carries a warning.
 func status(t *testing.T, cfg config.Config, asJSON bool) string {
 	t.Helper()
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := runStatus(ctx, &out, cfg, asJSON); err != nil {
+	err := runStatus(ctx, &out, cfg, asJSON)
+	var ec exitCodeError
+	if err != nil && !errors.As(err, &ec) {
 		t.Fatalf("walcount status: %v", err)
+	}
+	warned := strings.Contains(out.String(), "WARNING: ")
+	if asJSON {
+		warned = strings.Contains(out.String(), `"warnings"`)
+	}
+	if code := exitCode(err); code != map[bool]int{true: exitFailure, false: exitOK}[warned] {
+		t.Errorf("walcount status exits %d with warnings %v; want 1 exactly when it warns:\n%s", code, warned, out.String())
 	}
 	return out.String()
 }
@@ -310,7 +321,7 @@ func TestRunStopsOnLostSlot(t *testing.T) {
 	if !errors.Is(err, monitor.ErrSlotLost) {
 		t.Fatalf("walcount run --skip-check = %v, want an error wrapping monitor.ErrSlotLost", err)
 	}
-	for _, want := range []string{todo, "walcount reconcile"} {
+	for _, want := range []string{todo, "on_slot_loss: recreate"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("walcount run --skip-check error %q does not say %q", err, want)
 		}
@@ -372,4 +383,78 @@ func poll(t *testing.T, what string, cond func() (bool, string)) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestStatusShowsDirtyCounters: a counter marked dirty (here by hand, as
+// a recreated slot would) is a line of its own and a warning, with the
+// cause, whether or not a daemon runs; the status exits 1 until the mark
+// is gone.
+func TestStatusShowsDirtyCounters(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, nil)
+	conn := c.connect(t)
+	ctx := context.Background()
+	if err := state.MarkDirty(ctx, conn, c.cfg.Slot, "post_likes", []string{"3", "4"}, "test: two keys"); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.MarkDirty(ctx, conn, c.cfg.Slot, "post_likes", nil, "test: the slot was recreated"); err != nil {
+		t.Fatal(err)
+	}
+	out := status(t, c.cfg, false)
+	for _, want := range []string{
+		"dirty           post_likes: the whole counter, since ",
+		"WARNING: counter post_likes is DIRTY (test: two keys)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	s := statusParsed(t, c.cfg)
+	if len(s.Warnings) == 0 {
+		t.Errorf("status --json has no warning for the dirty counter")
+	}
+	c.exec(t, "DELETE FROM walcount.dirty")
+	if out := status(t, c.cfg, false); strings.Contains(out, "dirty") {
+		t.Errorf("status still shows a dirty counter after the marks went:\n%s", out)
+	}
+}
+
+// TestRunRecreatesMissingSlot: with on_slot_loss: recreate, walcount run
+// (preflight included) starts on a database whose slot is gone, as after a
+// failover to a server without it, recreates the slot and repairs the
+// counters by itself.
+func TestRunRecreatesMissingSlot(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, nil)
+	c.like(t, 50)
+	c.exec(t, "SELECT pg_drop_replication_slot('walcount')")
+	c.like(t, 30) // never decoded: only a repair counts them
+	cfg := c.cfg
+	cfg.OnSlotLoss = config.SlotLossRecreate
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	var runErr error
+	go func() { defer close(stopped); runErr = runDaemon(ctx, cfg, zap.NewNop(), false) }()
+	defer func() {
+		cancel()
+		<-stopped
+		if runErr != nil {
+			t.Errorf("walcount run: %v", runErr)
+		}
+	}()
+	conn := c.connect(t)
+	poll(t, "the counts repaired", func() (bool, string) {
+		var off, marks int
+		var active bool
+		err := conn.QueryRow(context.Background(), `
+SELECT (SELECT count(*) FROM posts p WHERE likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id)),
+       (SELECT count(*) FROM walcount.dirty),
+       coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = 'walcount'), false)`).Scan(&off, &marks, &active)
+		select {
+		case <-stopped:
+			t.Fatalf("walcount run stopped: %v", runErr)
+		default:
+		}
+		return err == nil && off == 0 && marks == 0 && active, fmt.Sprintf("%d posts off, %d dirty marks, slot active %v, err %v", off, marks, active, err)
+	})
 }

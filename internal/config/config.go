@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/reconcile"
 )
@@ -21,6 +22,16 @@ const (
 	// cpu_scheduling; batch is the default.
 	CPUSchedulingBatch  = "batch"
 	CPUSchedulingNormal = "normal"
+	// SlotLossStop and SlotLossRecreate are the values of on_slot_loss;
+	// stop is the default.
+	SlotLossStop     = "stop"
+	SlotLossRecreate = "recreate"
+	// LogFormatAuto, LogFormatConsole and LogFormatJSON are the values of
+	// log_format. auto, the default, is console on a terminal and JSON
+	// otherwise.
+	LogFormatAuto    = "auto"
+	LogFormatConsole = "console"
+	LogFormatJSON    = "json"
 )
 
 // Config is everything walcount run needs. The zero value is not usable:
@@ -28,8 +39,16 @@ const (
 type Config struct {
 	// DatabaseURL is the PostgreSQL connection URL (libpq URL or DSN).
 	DatabaseURL string `yaml:"database_url"`
-	// RedisURL is the Redis URL (redis://[user:pass@]host:port/db).
+	// RedisURL is the Redis URL: a single node, a cluster or a
+	// Sentinel-watched primary (see package redisconn for the forms).
 	RedisURL string `yaml:"redis_url"`
+	// RedisTLS are the TLS settings of a rediss URL; the URL's query
+	// parameters of the same names win over them.
+	RedisTLS RedisTLS `yaml:"redis_tls"`
+	// RedisSentinel are the sentinels' own credentials for a
+	// redis+sentinel URL; the URL's sentinel_username and
+	// sentinel_password win over them.
+	RedisSentinel RedisSentinel `yaml:"redis_sentinel"`
 	// Slot is the logical replication slot name.
 	Slot string `yaml:"slot"`
 	// Publication is the publication name.
@@ -37,18 +56,28 @@ type Config struct {
 	// FlushInterval is how often buffered deltas are applied to PostgreSQL.
 	FlushInterval time.Duration `yaml:"flush_interval"`
 	// HeartbeatInterval is how often an idle stream emits a heartbeat
-	// message so that W and the slot keep moving (DESIGN §2 rule 8).
+	// message so that W and the slot keep moving (design rule 8).
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz,
 	// /status and /v1/reconcile. Empty disables the HTTP server.
 	HTTPAddr string `yaml:"http_addr"`
+	// HTTPToken, when not empty, is the bearer token that POST requests
+	// to the HTTP API must carry. It is a secret: never log or show it.
+	HTTPToken string `yaml:"http_token"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
+	// LogFormat is auto, console or json (see LogFormatAuto).
+	LogFormat string `yaml:"log_format"`
 	// CPUScheduling is how walcount run asks Linux to schedule its
 	// threads: "batch" (SCHED_BATCH: a fair share of CPU, but a thread
 	// that wakes up does not preempt a running one, such as a database
 	// backend holding a lock, when they share a host) or "normal".
 	CPUScheduling string `yaml:"cpu_scheduling"`
+	// OnSlotLoss is what walcount run does when its slot is lost or
+	// missing (invalidated, or gone after a failover to a standby that
+	// had no copy): "stop" (the default: stop with the fix) or "recreate"
+	// (recreate the slot, mark every counter dirty and reconcile it).
+	OnSlotLoss string `yaml:"on_slot_loss"`
 	// Counters are the counter caches to maintain; empty means
 	// []counter.Counter{counter.Default()}.
 	Counters []counter.Counter `yaml:"counters"`
@@ -56,6 +85,53 @@ type Config struct {
 	SlotSettings SlotSettings `yaml:"slot_monitor"`
 	// Reconcile tunes reconciliation.
 	Reconcile ReconcileSettings `yaml:"reconcile"`
+
+	// File is the configuration file Load read, empty when none was
+	// given. It is not a setting: it lets messages say whether a value
+	// came from a file or from the defaults.
+	File string `yaml:"-"`
+}
+
+// RedisTLS are the TLS settings of a rediss, rediss+cluster or
+// rediss+sentinel URL (see redisconn.TLSOptions).
+type RedisTLS struct {
+	// CAFile is a PEM file of the CAs that sign the servers'
+	// certificates; empty means the system's.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a client certificate and its key, for
+	// servers that demand one.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name the servers' certificates must carry; empty
+	// means the host dialled.
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify accepts any server certificate; walcount check
+	// warns while it is on.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// Options returns the settings in redisconn's terms.
+func (t RedisTLS) Options() redisconn.TLSOptions {
+	return redisconn.TLSOptions{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile,
+		ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+}
+
+// RedisSentinel are the credentials walcount gives the sentinels, which
+// may differ from the data nodes' (Sentinel's requirepass or its ACL).
+type RedisSentinel struct {
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+}
+
+// RedisOptions parses RedisURL with RedisTLS and RedisSentinel into what
+// redisconn.New needs. Validate reports the same errors, each under the
+// setting that causes it.
+func (c Config) RedisOptions() (redisconn.Options, error) {
+	o, err := redisconn.Parse(c.RedisURL, c.RedisTLS.Options())
+	if err != nil {
+		return redisconn.Options{}, err
+	}
+	return o.WithSentinelAuth(c.RedisSentinel.Username, c.RedisSentinel.Password)
 }
 
 // SlotSettings tune slot monitoring.
@@ -66,12 +142,16 @@ type SlotSettings struct {
 	MaxLagBytes int64 `yaml:"max_lag_bytes"`
 }
 
-// ReconcileSettings tune reconciliation (DESIGN §5).
+// ReconcileSettings tune reconciliation (docs/design.md §5).
 type ReconcileSettings struct {
-	// BatchSize is how many target keys one measurement reads; default 1000.
+	// BatchSize is how many target keys one measurement reads; default
+	// reconcile.DefaultBatchSize (100000).
 	BatchSize int `yaml:"batch_size"`
 	// Interval is the pause between scheduled runs; default 24h, 0 disables.
 	Interval *time.Duration `yaml:"interval"`
+	// MaxKeysPerSecond paces every run: at most that many target keys are
+	// read per second. 0, the default, means no limit.
+	MaxKeysPerSecond int `yaml:"max_keys_per_second"`
 }
 
 // Default returns the configuration with every default filled in.
@@ -85,7 +165,9 @@ func Default() Config {
 		HeartbeatInterval: DefaultHeartbeatInterval,
 		HTTPAddr:          DefaultHTTPAddr,
 		LogLevel:          "info",
+		LogFormat:         LogFormatAuto,
 		CPUScheduling:     CPUSchedulingBatch,
+		OnSlotLoss:        SlotLossStop,
 		Counters:          []counter.Counter{counter.Default()},
 		SlotSettings: SlotSettings{
 			PollInterval: monitor.DefaultPollInterval,

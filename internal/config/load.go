@@ -17,20 +17,8 @@ import (
 	"github.com/walcount/walcount/counter"
 )
 
-// Environment variables read by Load. DESIGN §6 fixes their names.
-const (
-	EnvConfig      = "WALCOUNT_CONFIG"
-	EnvDatabaseURL = "WALCOUNT_DATABASE_URL"
-	EnvRedisURL    = "WALCOUNT_REDIS_URL"
-	// EnvDatabaseURLFallback and EnvRedisURLFallback are the conventional
-	// names that platforms (Heroku, Render, docker compose files) set; the
-	// WALCOUNT_ names win over them.
-	EnvDatabaseURLFallback = "DATABASE_URL"
-	EnvRedisURLFallback    = "REDIS_URL"
-)
-
 // Overrides are the settings given as command-line flags. A nil field was
-// not given and leaves the value from the file, the environment or the
+// not given and leaves the value from the environment, the file or the
 // default in place.
 type Overrides struct {
 	DatabaseURL   *string
@@ -38,23 +26,30 @@ type Overrides struct {
 	Slot          *string
 	Publication   *string
 	HTTPAddr      *string
+	HTTPToken     *string
 	LogLevel      *string
+	LogFormat     *string
 	FlushInterval *time.Duration
 	CPUScheduling *string
+	OnSlotLoss    *string
+	// MaxKeysPerSecond is reconcile.max_keys_per_second.
+	MaxKeysPerSecond *int
 }
 
 // Load builds the Config that walcount runs with. Each setting comes from
 // the first of these that sets it:
 //
-//	flag (ov)  >  file  >  environment  >  default
+//	flag (ov)  >  environment  >  file  >  default
 //
-// The database URL is ov.DatabaseURL, else the file's database_url, else
-// WALCOUNT_DATABASE_URL, else DATABASE_URL, else DefaultDatabaseURL; the
-// Redis URL likewise with redis_url, WALCOUNT_REDIS_URL and REDIS_URL. The
-// file is path (the --config flag), else WALCOUNT_CONFIG; with neither there
-// is no file. An environment variable set to the empty string counts as
-// unset. env looks variables up (nil means os.LookupEnv); it is also the
-// source of ${VAR} expansion in the file.
+// The environment variable of a setting is its Setting.Env (WALCOUNT_SLOT
+// for --slot). DATABASE_URL and REDIS_URL, which platforms set for every
+// process, are fallbacks below the file: the database URL is
+// ov.DatabaseURL, else WALCOUNT_DATABASE_URL, else the file's
+// database_url, else DATABASE_URL, else DefaultDatabaseURL. The file is
+// path (the --config flag), else WALCOUNT_CONFIG; with neither there is no
+// file. An environment variable set to the empty string counts as unset.
+// env looks variables up (nil means os.LookupEnv); it is also the source
+// of ${VAR} expansion in the file.
 //
 // The result is validated. Any problem is reported as a *Error, which names
 // where the bad value came from: the file, the flag or the variable.
@@ -67,11 +62,16 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	// that set it, so that a problem can be blamed on the right place.
 	origin := map[string]string{}
 
-	if v, name, ok := firstEnv(env, EnvDatabaseURL, EnvDatabaseURLFallback); ok {
-		cfg.DatabaseURL, origin["database_url"] = v, name
-	}
-	if v, name, ok := firstEnv(env, EnvRedisURL, EnvRedisURLFallback); ok {
-		cfg.RedisURL, origin["redis_url"] = v, name
+	// The conventional variables come first, so that the file and
+	// walcount's own variables override them.
+	for _, s := range Settings {
+		if s.Fallback == "" {
+			continue
+		}
+		if v, name, ok := firstEnv(env, s.Fallback); ok {
+			_ = s.set(&cfg, v) // fallbacks are URLs, which parse as text
+			origin[s.Key] = name
+		}
 	}
 
 	if path == "" {
@@ -91,42 +91,80 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 			return Config{}, err
 		}
 		for field := range set {
-			delete(origin, field) // the file overrides the environment
+			delete(origin, field) // the file overrides the fallbacks
 		}
+		cfg.File = path
 	}
 
+	flagged := map[string]bool{}
 	flag := func(dst *string, v *string, field, name string) {
 		if v != nil {
-			*dst, origin[field] = *v, name
+			*dst, origin[field], flagged[field] = *v, name, true
 		}
 	}
+	// envProblems are values of variables that do not parse, by field. A
+	// flag that sets the field makes them moot.
+	envProblems := map[string]Problem{}
+	for _, s := range Settings {
+		if s.Env == "" || s.set == nil {
+			continue
+		}
+		v, name, ok := firstEnv(env, s.Env)
+		if !ok {
+			continue
+		}
+		if err := s.set(&cfg, v); err != nil {
+			envProblems[s.Key] = Problem{Source: name, Msg: err.Error()}
+			continue
+		}
+		origin[s.Key] = name
+	}
+
 	flag(&cfg.DatabaseURL, ov.DatabaseURL, "database_url", "--database-url")
 	flag(&cfg.RedisURL, ov.RedisURL, "redis_url", "--redis-url")
 	flag(&cfg.Slot, ov.Slot, "slot", "--slot")
 	flag(&cfg.Publication, ov.Publication, "publication", "--publication")
 	flag(&cfg.HTTPAddr, ov.HTTPAddr, "http_addr", "--http-addr")
+	flag(&cfg.HTTPToken, ov.HTTPToken, "http_token", "--http-token")
 	flag(&cfg.LogLevel, ov.LogLevel, "log_level", "--log-level")
+	flag(&cfg.LogFormat, ov.LogFormat, "log_format", "--log-format")
 	flag(&cfg.CPUScheduling, ov.CPUScheduling, "cpu_scheduling", "--cpu-scheduling")
+	flag(&cfg.OnSlotLoss, ov.OnSlotLoss, "on_slot_loss", "--on-slot-loss")
 	if ov.FlushInterval != nil {
-		cfg.FlushInterval, origin["flush_interval"] = *ov.FlushInterval, "--flush-interval"
+		cfg.FlushInterval, origin["flush_interval"], flagged["flush_interval"] = *ov.FlushInterval, "--flush-interval", true
+	}
+	if ov.MaxKeysPerSecond != nil {
+		const key = "reconcile.max_keys_per_second"
+		cfg.Reconcile.MaxKeysPerSecond, origin[key], flagged[key] = *ov.MaxKeysPerSecond, "--max-keys-per-second", true
 	}
 
+	var problems []Problem
 	if err := cfg.Validate(); err != nil {
 		var ce *Error
 		if !errors.As(err, &ce) {
 			return Config{}, err
 		}
-		for i := range ce.Problems {
-			p := &ce.Problems[i]
-			if o, ok := origin[topField(p.Field)]; ok {
+		for _, p := range ce.Problems {
+			if _, bad := envProblems[SettingKey(p.Field)]; bad {
+				continue // the variable's own problem says more
+			}
+			if o, ok := origin[SettingKey(p.Field)]; ok {
 				// A flag or a variable holds exactly one value: its
 				// name says everything the field path would.
 				p.Source, p.Field = o, ""
 			} else if path != "" {
 				p.Source = path
 			}
+			problems = append(problems, p)
 		}
-		return Config{}, ce
+	}
+	for _, s := range Settings {
+		if p, bad := envProblems[s.Key]; bad && !flagged[s.Key] {
+			problems = append(problems, p)
+		}
+	}
+	if len(problems) > 0 {
+		return Config{}, &Error{Problems: problems}
 	}
 	return cfg, nil
 }
@@ -159,21 +197,27 @@ func Parse(data []byte, source string) (Config, error) {
 type fileConfig struct {
 	DatabaseURL       string        `yaml:"database_url"`
 	RedisURL          string        `yaml:"redis_url"`
+	RedisTLS          RedisTLS      `yaml:"redis_tls"`
+	RedisSentinel     RedisSentinel `yaml:"redis_sentinel"`
 	Slot              string        `yaml:"slot"`
 	Publication       string        `yaml:"publication"`
 	FlushInterval     time.Duration `yaml:"flush_interval"`
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	HTTPAddr          string        `yaml:"http_addr"`
+	HTTPToken         string        `yaml:"http_token"`
 	LogLevel          string        `yaml:"log_level"`
+	LogFormat         string        `yaml:"log_format"`
 	CPUScheduling     string        `yaml:"cpu_scheduling"`
+	OnSlotLoss        string        `yaml:"on_slot_loss"`
 	Counters          []fileCounter `yaml:"counters"`
 	SlotMonitor       SlotSettings  `yaml:"slot_monitor"`
 	Reconcile         fileReconcile `yaml:"reconcile"`
 }
 
 type fileReconcile struct {
-	BatchSize int            `yaml:"batch_size"`
-	Interval  *time.Duration `yaml:"interval"`
+	BatchSize        int            `yaml:"batch_size"`
+	Interval         *time.Duration `yaml:"interval"`
+	MaxKeysPerSecond int            `yaml:"max_keys_per_second"`
 }
 
 type fileCounter struct {
@@ -220,15 +264,21 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 	fc := fileConfig{
 		DatabaseURL:       cfg.DatabaseURL,
 		RedisURL:          cfg.RedisURL,
+		RedisTLS:          cfg.RedisTLS,
+		RedisSentinel:     cfg.RedisSentinel,
 		Slot:              cfg.Slot,
 		Publication:       cfg.Publication,
 		FlushInterval:     cfg.FlushInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		HTTPAddr:          cfg.HTTPAddr,
+		HTTPToken:         cfg.HTTPToken,
 		LogLevel:          cfg.LogLevel,
+		LogFormat:         cfg.LogFormat,
 		CPUScheduling:     cfg.CPUScheduling,
+		OnSlotLoss:        cfg.OnSlotLoss,
 		SlotMonitor:       cfg.SlotSettings,
-		Reconcile:         fileReconcile{BatchSize: cfg.Reconcile.BatchSize, Interval: cfg.Reconcile.Interval},
+		Reconcile: fileReconcile{BatchSize: cfg.Reconcile.BatchSize, Interval: cfg.Reconcile.Interval,
+			MaxKeysPerSecond: cfg.Reconcile.MaxKeysPerSecond},
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(expanded))
 	dec.KnownFields(true)
@@ -238,15 +288,21 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 
 	cfg.DatabaseURL = fc.DatabaseURL
 	cfg.RedisURL = fc.RedisURL
+	cfg.RedisTLS = fc.RedisTLS
+	cfg.RedisSentinel = fc.RedisSentinel
 	cfg.Slot = fc.Slot
 	cfg.Publication = fc.Publication
 	cfg.FlushInterval = fc.FlushInterval
 	cfg.HeartbeatInterval = fc.HeartbeatInterval
 	cfg.HTTPAddr = fc.HTTPAddr
+	cfg.HTTPToken = fc.HTTPToken
 	cfg.LogLevel = fc.LogLevel
+	cfg.LogFormat = fc.LogFormat
 	cfg.CPUScheduling = fc.CPUScheduling
+	cfg.OnSlotLoss = fc.OnSlotLoss
 	cfg.SlotSettings = fc.SlotMonitor
-	cfg.Reconcile = ReconcileSettings{BatchSize: fc.Reconcile.BatchSize, Interval: fc.Reconcile.Interval}
+	cfg.Reconcile = ReconcileSettings{BatchSize: fc.Reconcile.BatchSize, Interval: fc.Reconcile.Interval,
+		MaxKeysPerSecond: fc.Reconcile.MaxKeysPerSecond}
 
 	// An absent or empty counters list keeps the default counter, as
 	// Config.Counters documents.
@@ -329,12 +385,16 @@ var yamlTypeNames = strings.NewReplacer(
 	"in type config.fileConfig", "at the top level",
 	"in type config.fileReconcile", "in reconcile",
 	"in type config.SlotSettings", "in slot_monitor",
+	"in type config.RedisTLS", "in redis_tls",
+	"in type config.RedisSentinel", "in redis_sentinel",
 	"into time.Duration", "into a duration (write it like 1s, 500ms or 1h)",
 	"into []config.fileCounter", "into the counters list",
 	"into config.fileCounter", "into a counter",
 	"into config.fileConfig", "into the settings",
 	"into config.fileReconcile", "into reconcile settings",
 	"into config.SlotSettings", "into slot_monitor settings",
+	"into config.RedisTLS", "into redis_tls settings",
+	"into config.RedisSentinel", "into redis_sentinel settings",
 	"into map[string]yaml.Node", "into a where mapping",
 )
 

@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/redisconn"
 )
 
 // MaxFlushInterval bounds FlushInterval. Longer intervals hold the slot's
-// confirmed position back for that long (W moves only on a flush, DESIGN §2
+// confirmed position back for that long (W moves only on a flush, design
 // rule 3), so WAL piles up and the counters look stale; an hour is already
 // far past any useful coalescing.
 const MaxFlushInterval = time.Hour
@@ -29,7 +30,7 @@ var (
 var logLevels = map[string]bool{"debug": true, "info": true, "warn": true, "error": true}
 
 // Error is a configuration error. cmd/walcount exits with status 2 when
-// errors.As finds one (DESIGN §6). It lists every problem found, not only
+// errors.As finds one (docs/design.md §6). It lists every problem found, not only
 // the first, so that one edit can fix them all.
 type Error struct {
 	Problems []Problem
@@ -103,10 +104,8 @@ func (c *Config) Validate() error {
 	}
 	if c.RedisURL == "" {
 		add("redis_url", "required")
-	} else if u, err := url.Parse(c.RedisURL); err != nil {
-		add("redis_url", "not a valid URL")
-	} else if u.Scheme != "redis" && u.Scheme != "rediss" && u.Scheme != "unix" {
-		add("redis_url", "scheme %q is not redis://, rediss:// or unix://", u.Scheme)
+	} else {
+		c.validateRedis(add)
 	}
 	if !slotName.MatchString(c.Slot) {
 		add("slot", "%q is not a valid slot name: use 1 to 63 lower-case letters, digits and underscores, not starting with a digit", c.Slot)
@@ -130,8 +129,18 @@ func (c *Config) Validate() error {
 	if !logLevels[c.LogLevel] {
 		add("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
 	}
+	if c.LogFormat != LogFormatAuto && c.LogFormat != LogFormatConsole && c.LogFormat != LogFormatJSON {
+		add("log_format", "%q is not one of auto, console, json", c.LogFormat)
+	}
+	// The token is a secret: the messages never repeat it.
+	if strings.ContainsFunc(c.HTTPToken, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		add("http_token", "must be printable ASCII without spaces: it travels in an Authorization header")
+	}
 	if c.CPUScheduling != CPUSchedulingBatch && c.CPUScheduling != CPUSchedulingNormal {
 		add("cpu_scheduling", "%q is not one of batch, normal", c.CPUScheduling)
+	}
+	if c.OnSlotLoss != SlotLossStop && c.OnSlotLoss != SlotLossRecreate {
+		add("on_slot_loss", "%q is not one of stop, recreate", c.OnSlotLoss)
 	}
 	if c.SlotSettings.PollInterval <= 0 {
 		add("slot_monitor.poll_interval", "%s is out of range: must be more than 0", c.SlotSettings.PollInterval)
@@ -145,6 +154,9 @@ func (c *Config) Validate() error {
 	if c.Reconcile.Interval != nil && *c.Reconcile.Interval < 0 {
 		add("reconcile.interval", "%s is out of range: must be 0 (off) or more", *c.Reconcile.Interval)
 	}
+	if c.Reconcile.MaxKeysPerSecond < 0 {
+		add("reconcile.max_keys_per_second", "%d is out of range: must be 0 (no limit) or more", c.Reconcile.MaxKeysPerSecond)
+	}
 
 	for _, p := range counter.Validate(c.Counters) {
 		ps = append(ps, Problem{Field: p.Field, Msg: p.Msg})
@@ -153,4 +165,28 @@ func (c *Config) Validate() error {
 		return &Error{Problems: ps}
 	}
 	return nil
+}
+
+// validateRedis reports what is wrong with the Redis settings, each under
+// the setting that causes it. Messages never repeat the URL: it may hold
+// a password.
+func (c *Config) validateRedis(add func(field, format string, args ...any)) {
+	tlsOpt := c.RedisTLS.Options()
+	if _, err := redisconn.Parse(c.RedisURL, redisconn.TLSOptions{}); err != nil {
+		add("redis_url", "%v", err)
+		return
+	}
+	if tlsOpt.IsZero() && c.RedisSentinel == (RedisSentinel{}) {
+		return
+	}
+	// The URL alone parses: what remains is the file's redis_tls and
+	// redis_sentinel.
+	o, err := redisconn.Parse(c.RedisURL, tlsOpt)
+	if err != nil {
+		add("redis_tls", "%v", err)
+		return
+	}
+	if _, err := o.WithSentinelAuth(c.RedisSentinel.Username, c.RedisSentinel.Password); err != nil {
+		add("redis_sentinel", "%v", err)
+	}
 }

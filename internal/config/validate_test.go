@@ -128,6 +128,8 @@ func TestParseErrors(t *testing.T) {
 			[]string{"walcount.yaml: reconcile.batch_size: 0 is out of range"}},
 		{"reconcile interval", "reconcile:\n  interval: -1h\n",
 			[]string{"walcount.yaml: reconcile.interval: -1h0m0s is out of range"}},
+		{"negative rate limit", "reconcile:\n  max_keys_per_second: -1\n",
+			[]string{"walcount.yaml: reconcile.max_keys_per_second: -1 is out of range: must be 0 (no limit) or more"}},
 		{"unknown top-level field", "slots: x\n",
 			[]string{`walcount.yaml:1: unknown field "slots" at the top level`}},
 		{"unknown counter field", "counters:\n" + counter("a", nil) + "    targetkey: id\n",
@@ -284,6 +286,7 @@ slot_monitor:
 reconcile:
   batch_size: 50
   interval: 0s
+  max_keys_per_second: 20000
 `
 	cfg, err := Parse([]byte(file), "walcount.yaml")
 	if err != nil {
@@ -295,7 +298,7 @@ reconcile:
 		Slot: "walcount_2", Publication: "walcount_pub", FlushInterval: 500 * time.Millisecond,
 		HeartbeatInterval: 30 * time.Second, HTTPAddr: ":9000", LogLevel: "debug",
 		SlotSettings: SlotSettings{PollInterval: time.Second, MaxLagBytes: 1024},
-		Reconcile:    ReconcileSettings{BatchSize: 50, Interval: &zero},
+		Reconcile:    ReconcileSettings{BatchSize: 50, Interval: &zero, MaxKeysPerSecond: 20000},
 	}
 	got := cfg
 	got.Counters = nil

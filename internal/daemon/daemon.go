@@ -20,6 +20,7 @@ import (
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
@@ -68,14 +69,16 @@ type Options struct {
 
 // Daemon is walcount run. Create it with New, start it with Run.
 type Daemon struct {
-	opt  Options
-	cfg  config.Config
-	log  *zap.Logger
-	m    *metrics.Metrics
-	pool *pgxpool.Pool
-	rdb  *redis.Client
-	buf  *buffer.Redis
-	lag  *sink.LagTracker
+	opt Options
+	cfg config.Config
+	log *zap.Logger
+	m   *metrics.Metrics
+	// tally holds what the stages count for /status, across sessions.
+	tally *counter.Tally
+	pool  *pgxpool.Pool
+	rdb   redis.UniversalClient
+	buf   *buffer.Redis
+	lag   *sink.LagTracker
 	// flushes outlives sessions: a restarted session meets the markers
 	// of flushes an earlier one made.
 	flushes *sink.FlushLog
@@ -90,6 +93,7 @@ type Daemon struct {
 type daemonState struct {
 	streaming    bool
 	stream       *cdc.Stream
+	gate         *sink.StandbyGate
 	flusher      *sink.Flusher
 	lastErr      error
 	lastErrAt    time.Time
@@ -99,6 +103,9 @@ type daemonState struct {
 	// failureLoggedAt is when a failed session was last logged at error
 	// level (see logFailure).
 	failureLoggedAt time.Time
+	// failedStage is where the last failed session was when it failed,
+	// a metrics.Stage value (see setErr).
+	failedStage string
 	// progress is what the daemon last saw of W and the stream (see
 	// status.go), kept across sessions.
 	progress progress
@@ -140,12 +147,12 @@ func New(opt Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create postgres pool: %w", err)
 	}
-	ropt, err := redis.ParseURL(cfg.RedisURL)
+	ropt, err := cfg.RedisOptions()
 	if err != nil {
 		pool.Close()
 		return nil, &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.RedisURL), redactErr(err))}}}
 	}
-	rdb := redis.NewClient(ropt)
+	rdb := redisconn.New(ropt, opt.Logger)
 	for _, c := range cfg.Counters {
 		opt.Metrics.InitCounter(c.Name)
 	}
@@ -154,13 +161,15 @@ func New(opt Options) (*Daemon, error) {
 		cfg:     cfg,
 		log:     opt.Logger.With(zap.String(logSlot, cfg.Slot)),
 		m:       opt.Metrics,
+		tally:   counter.NewTally(),
 		pool:    pool,
 		rdb:     rdb,
 		buf:     buffer.New(rdb, cfg.Slot),
 		lag:     sink.NewLagTracker(0),
 		flushes: sink.NewFlushLog(),
 		mon: monitor.New(monitor.Options{Querier: pool, Slot: cfg.Slot, Interval: cfg.SlotSettings.PollInterval,
-			MaxLagBytes: cfg.SlotSettings.MaxLagBytes, Metrics: opt.Metrics, Logger: opt.Logger}),
+			MaxLagBytes: cfg.SlotSettings.MaxLagBytes, Metrics: opt.Metrics, Logger: opt.Logger,
+			KeepWatchingLostSlot: cfg.OnSlotLoss == config.SlotLossRecreate}),
 	}
 	d.rec = d.newReconciler()
 	return d, nil
@@ -189,7 +198,7 @@ func (d *Daemon) Close() {
 func (d *Daemon) Pool() *pgxpool.Pool { return d.pool }
 
 // Redis returns the daemon's Redis client.
-func (d *Daemon) Redis() *redis.Client { return d.rdb }
+func (d *Daemon) Redis() redis.UniversalClient { return d.rdb }
 
 // fatal reports whether err needs an operator rather than a retry.
 func fatal(err error) bool {
@@ -216,13 +225,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		zap.Duration("flush_interval", d.cfg.FlushInterval),
 		zap.Int("counters", len(d.cfg.Counters)))
 	// The slot monitor runs for the daemon's lifetime; a lost slot ends
-	// everything (DESIGN §2 rule 12).
+	// everything (design rule 12).
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	monDone := make(chan struct{})
 	obsDone := make(chan struct{})
 	recDone := make(chan struct{})
-	defer func() { cancel(nil); <-monDone; <-obsDone; <-recDone }()
+	partDone := make(chan struct{})
+	defer func() { cancel(nil); <-monDone; <-obsDone; <-recDone; <-partDone }()
 	// Reconciliation runs for the daemon's lifetime too; its measurements
 	// need a streaming session and are repeated when one ends.
 	go func() {
@@ -249,6 +259,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer close(obsDone)
 		d.observe(ctx)
 	}()
+	go func() {
+		defer close(partDone)
+		d.watchPartitions(ctx)
+	}()
 	backoff := d.opt.RetryMin
 	for {
 		start := time.Now()
@@ -268,7 +282,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return nil
 		}
 		d.setErr(err)
-		if fatal(err) {
+		if d.cfg.OnSlotLoss == config.SlotLossRecreate && (isSlotLost(err) || errors.Is(err, cdc.ErrSlotMissing)) {
+			// on_slot_loss: recreate. The history in between is gone:
+			// every counter is marked dirty and reconciled.
+			if rerr := d.recreateSlot(ctx, err); rerr != nil {
+				d.logFailure(fmt.Errorf("recreate the lost slot: %w", rerr), backoff)
+			} else {
+				continue
+			}
+		} else if fatal(err) {
 			d.logStop(err)
 			return err
 		}
@@ -327,11 +349,15 @@ func (d *Daemon) logFailure(err error, wait time.Duration) {
 	d.mu.Lock()
 	d.state.failures++
 	n := d.state.failures
+	stage := d.state.failedStage
 	loud := n == 1 || now.Sub(d.state.failureLoggedAt) >= FailureLogInterval
 	if loud {
 		d.state.failureLoggedAt = now
 	}
 	d.mu.Unlock()
+	// Every failure counts, whatever failed: the log is rate-limited,
+	// the counter is what alerts read.
+	d.m.SessionFailures.WithLabelValues(stage).Inc()
 	if loud {
 		d.log.Error("session failed; retrying", zap.Error(redactedError{err}), zap.Duration(logRetryIn, wait), zap.Int(logFailures, n))
 	} else {
@@ -341,11 +367,24 @@ func (d *Daemon) logFailure(err error, wait time.Duration) {
 
 func (d *Daemon) setErr(err error) {
 	d.mu.Lock()
+	// The failed session streamed if it started streaming after the
+	// previous failure (sessionStart is set only once a session streams).
+	d.state.failedStage = metrics.StageStart
+	if d.state.sessionStart.After(d.state.lastErrAt) {
+		d.state.failedStage = metrics.StageStreaming
+	}
 	d.state.lastErr = redactedError{err}
 	d.state.lastErrAt = time.Now()
 	d.state.streaming = false
 	d.mu.Unlock()
 	d.m.Streaming.Set(0)
+	// A standby waits for the slot on purpose; alerts on a walcount that
+	// does not stream leave it out.
+	if errors.Is(err, cdc.ErrSlotInUse) {
+		d.m.WaitingForSlot.Set(1)
+	} else {
+		d.m.WaitingForSlot.Set(0)
+	}
 }
 
 // redactedError masks credentials in an error's text.

@@ -56,7 +56,7 @@ func (e *env) rdb() *redis.Client {
 	return c
 }
 
-// TestCrashPoints crashes the daemon at each place DESIGN §4 names and
+// TestCrashPoints crashes the daemon at each place docs/design.md §4 names and
 // checks that a restarted daemon ends exact: nothing lost, nothing
 // applied twice.
 func TestCrashPoints(t *testing.T) {
@@ -169,7 +169,7 @@ func TestPostgresCrashAndRestart(t *testing.T) {
 // TestRewoundSlotReplays puts back an older copy of the slot, whose
 // confirmed position is far behind W, and streams from it: the server
 // resends transactions that are already counted, and they must be
-// skipped (DESIGN §2 rule 4).
+// skipped (design rule 4).
 func TestRewoundSlotReplays(t *testing.T) {
 	t.Parallel()
 	for _, wipeRedis := range []bool{false, true} {

@@ -2,7 +2,7 @@
 // owns the connections, runs one replication session at a time and
 // restarts it after failures with capped exponential backoff.
 //
-// A session is the unit of recovery (DESIGN §4). It reads W, takes the
+// A session is the unit of recovery (docs/design.md §4). It reads W, takes the
 // slot (START_REPLICATION fails while another walcount holds it, so a
 // second instance waits here and takes over when the first stops), checks
 // that Redis continues W and resets it when it does not (rule 7), resumes

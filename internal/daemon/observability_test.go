@@ -216,7 +216,7 @@ func (s scraped) must(t testing.TB, name string, labels ...string) float64 {
 	return v
 }
 
-// contractMetric is one metric of DESIGN §6 (and the few the daemon adds),
+// contractMetric is one metric of docs/design.md §6 (and the few the daemon adds),
 // with its type and the labels each series must carry.
 type contractMetric struct {
 	name   string
@@ -241,7 +241,7 @@ var contract = []contractMetric{
 	{"walcount_buffer_keys", dto.MetricType_GAUGE, nil},
 	{"walcount_apply_lag_seconds", dto.MetricType_HISTOGRAM, nil},
 	{"walcount_reconcile_corrections_total", dto.MetricType_COUNTER, []string{metrics.LabelCounter}},
-	// Beyond the contract: what the daemon wiring exports.
+	// Beyond the stages' metrics: what the daemon wiring exports.
 	{"walcount_checkpoint_age_seconds", dto.MetricType_GAUGE, nil},
 	{"walcount_queue_depth", dto.MetricType_GAUGE, nil},
 	{"walcount_streaming", dto.MetricType_GAUGE, nil},
@@ -616,7 +616,7 @@ func TestReadyzFlipsAndFailureLogs(t *testing.T) {
 // TestLostSlotStopsDaemon loses the slot while the daemon is stopped (a
 // tiny max_slot_wal_keep_size, WAL switches and checkpoints) and starts it
 // again: Run must return an error that wraps monitor.ErrSlotLost and tells
-// the operator what to do (DESIGN §2 rule 12).
+// the operator what to do (design rule 12).
 func TestLostSlotStopsDaemon(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -649,7 +649,7 @@ func TestLostSlotStopsDaemon(t *testing.T) {
 	if !errors.As(err, &lost) || lost.Slot != e.cfg.Slot {
 		t.Errorf("Run = %v, want a *monitor.SlotLostError for slot %q", err, e.cfg.Slot)
 	}
-	for _, todo := range []string{"walcount setup --recreate-slot", "walcount reconcile"} {
+	for _, todo := range []string{"walcount setup --recreate-slot", "on_slot_loss: recreate"} {
 		if !strings.Contains(err.Error(), todo) {
 			t.Errorf("error %q does not say %q", err, todo)
 		}

@@ -3,12 +3,17 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/pgversion"
+	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/state"
@@ -23,19 +28,21 @@ func (d *Daemon) newReconciler() *reconcile.Reconciler {
 		every = *d.cfg.Reconcile.Interval
 	}
 	return reconcile.New(reconcile.Options{
-		Pool:       d.pool,
-		Slot:       d.cfg.Slot,
-		Counters:   d.cfg.Counters,
-		BatchSize:  d.cfg.Reconcile.BatchSize,
-		Interval:   every,
-		Backfill:   true,
-		Flush:      d.flushNow,
-		Busy:       d.busy,
-		Streaming:  d.streaming,
-		Keepable:   d.keepable,
-		Metrics:    d.m,
-		Logger:     d.log,
-		Failpoints: d.opt.Failpoints,
+		Pool:             d.pool,
+		Slot:             d.cfg.Slot,
+		Counters:         d.cfg.Counters,
+		BatchSize:        d.cfg.Reconcile.BatchSize,
+		MaxKeysPerSecond: d.cfg.Reconcile.MaxKeysPerSecond,
+		Interval:         every,
+		Backfill:         true,
+		Flush:            d.flushNow,
+		Busy:             d.busy,
+		Streaming:        d.streaming,
+		Keepable:         d.keepable,
+		Metrics:          d.m,
+		Tally:            d.tally,
+		Logger:           d.log,
+		Failpoints:       d.opt.Failpoints,
 	})
 }
 
@@ -44,6 +51,19 @@ func (d *Daemon) streaming() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.state.streaming
+}
+
+// degradedCounters returns the counters marked degraded.
+func (d *Daemon) degradedCounters() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var names []string
+	for name, degraded := range d.state.degraded {
+		if degraded {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // keepable reports whether counter can be kept from the stream: false while
@@ -89,7 +109,7 @@ func (d *Daemon) busy() bool {
 }
 
 // markDirty records buffer fields ("counter:key") as dirty keys, for
-// reconciliation to measure (DESIGN rule 14).
+// reconciliation to measure (design rule 14).
 func (d *Daemon) markDirty(fields []string, cause string) error {
 	byCounter := map[string][]string{}
 	for _, f := range fields {
@@ -111,7 +131,7 @@ func (d *Daemon) markDirty(fields []string, cause string) error {
 // markDegraded is the aggregator's DegradedFunc: a counter that cannot be
 // kept from the stream is marked dirty, durably, before the changes it
 // skips are acknowledged; once it can be kept again, the reconciler repairs
-// it (DESIGN rule 14).
+// it (design rule 14).
 func (d *Daemon) markDegraded(name string, degraded bool, why string) error {
 	d.mu.Lock()
 	if d.state.degraded == nil {
@@ -125,4 +145,53 @@ func (d *Daemon) markDegraded(name string, degraded bool, why string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return state.MarkDirty(ctx, d.pool, d.cfg.Slot, name, nil, why)
+}
+
+// recreateSlot replaces a lost or missing slot (on_slot_loss: recreate):
+// it drops what is left of it, creates it anew (a failover slot from
+// PostgreSQL 17 on), then in one transaction moves W to the new slot's
+// start and marks every counter dirty, since the changes in between were
+// never seen; the Redis buffer belongs to the old history and goes. The
+// reconciler then repairs the counters while the new slot streams. A crash
+// between the slot's creation and that transaction leaves a slot past W,
+// which the next start finds and marks dirty the same way
+// (checkSlotPosition).
+func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
+	d.log.Warn("the replication slot is lost or missing; recreating it (on_slot_loss: recreate): every counter is marked dirty and reconciled",
+		zap.Error(redactedError{cause}))
+	conn, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, d.cfg.Slot); err != nil {
+		return fmt.Errorf("drop the lost slot: %w", err)
+	}
+	v, err := pgversion.Read(ctx, conn)
+	if err != nil {
+		return err
+	}
+	var lsn state.LSN
+	if err := conn.QueryRow(ctx, setup.CreateSlotSQL(v), d.cfg.Slot).Scan(&lsn); err != nil {
+		return fmt.Errorf("create the slot: %w", err)
+	}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := state.InitCheckpoint(ctx, tx, d.cfg.Slot, lsn, true); err != nil {
+			return err
+		}
+		for _, c := range d.cfg.Counters {
+			if err := state.MarkDirty(ctx, tx, d.cfg.Slot, c.Name, nil, "the replication slot was lost and recreated: changes made before it were not seen"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.buf.Drop(ctx); err != nil {
+		return err
+	}
+	d.log.Info("recreated the replication slot", zap.String(logLSN, lsn.String()))
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -49,14 +50,16 @@ type liveSession struct {
 	flusher *sink.Flusher
 	stream  *cdc.Stream
 	// start is where the buffer's chain ends: streaming skips every
-	// transaction up to it (DESIGN rule 4).
-	start  cdc.LSN
+	// transaction up to it (design rule 4).
+	start cdc.LSN
+	// gate holds W back until the standbys have it.
+	gate   *sink.StandbyGate
 	closed bool
 }
 
 // openSession checks the state schema, reads W, takes the slot (it fails
 // with cdc.ErrSlotInUse while another walcount holds it) and makes Redis
-// continue W (DESIGN §4). Nothing is consumed yet.
+// continue W (docs/design.md §4). Nothing is consumed yet.
 func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	// A schema of another version would be read or written wrongly, and
 	// a column another slot keeps would be counted twice.
@@ -73,6 +76,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Counters:   d.cfg.Counters,
 		Lag:        d.lag,
 		Metrics:    d.m,
+		Tally:      d.tally,
 		Logger:     d.log,
 		Failpoints: d.opt.Failpoints,
 		FlushLog:   d.flushes,
@@ -89,10 +93,16 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Slot:           d.cfg.Slot,
 		Publication:    d.cfg.Publication,
 		StartLSN:       w,
+		AckLater:       true,
 		StatusInterval: d.opt.StatusInterval,
 		ReceiveTimeout: d.opt.ReceiveTimeout,
 		Observer:       streamObserver{d},
 		Logger:         d.log,
+		ConfirmingPast: func(w, to cdc.LSN) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			return d.buf.RecordIdleConfirm(ctx, w, to)
+		},
 	})
 	if err != nil {
 		if lost := d.checkSlotLost(ctx, err); lost != nil {
@@ -101,11 +111,13 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		return nil, err
 	}
 	s := &liveSession{d: d, flusher: flusher, stream: stream}
-	// Every new W goes to the stream's next status update, and the stream
-	// confirms W from the start, even when it was asked to start elsewhere
-	// (tests replaying from the slot's position): ack = W (DESIGN rule 3).
-	flusher.SetAck(stream.Ack)
-	stream.Ack(flusher.W())
+	// Every new W goes to the stream's next status update once the
+	// standbys that must carry the slot have its flush (design rules 3
+	// and 16), W read at the start included, even when the stream was
+	// asked to start elsewhere (tests replaying from the slot's position).
+	s.gate = sink.NewStandbyGate(d.pool, stream.Ack, d.log)
+	flusher.SetAck(s.gate.Committed)
+	s.gate.Committed(flusher.W())
 	if s.start, err = d.recover(ctx, flusher, stream.History()); err != nil {
 		s.closeStream()
 		return nil, err
@@ -136,6 +148,7 @@ func (d *Daemon) sessionStarted(s *liveSession) {
 	d.state.waiting = false
 	d.state.streaming = true
 	d.state.stream = s.stream
+	d.state.gate = s.gate
 	d.state.flusher = s.flusher
 	d.state.sessionStart = time.Now()
 	d.mu.Unlock()
@@ -148,6 +161,7 @@ func (d *Daemon) sessionEnded() {
 	d.mu.Lock()
 	d.state.streaming = false
 	d.state.stream = nil
+	d.state.gate = nil
 	d.mu.Unlock()
 	d.m.Streaming.Set(0)
 }
@@ -162,20 +176,24 @@ func (d *Daemon) sessionEnded() {
 func (s *liveSession) run(ctx context.Context) error {
 	d := s.d
 	agg := aggregator.New(aggregator.Options{
-		Slot:       d.cfg.Slot,
-		Counters:   d.cfg.Counters,
-		Flushes:    d.flushes,
-		Dirty:      d.markDirty,
-		Degraded:   d.markDegraded,
-		Buffer:     d.buf,
-		Barrier:    s.flusher,
-		Start:      s.start,
-		Commits:    d.lag,
-		Messages:   d.rec.Recorder().HandleMessage,
-		Observe:    d.rec.Recorder().Observe,
-		Metrics:    d.m,
-		Logger:     d.log,
-		Failpoints: d.opt.Failpoints,
+		Slot:     d.cfg.Slot,
+		Counters: d.cfg.Counters,
+		Flushes:  d.flushes,
+		Dirty:    d.markDirty,
+		Degraded: d.markDegraded,
+		// A counter degraded in an earlier session stays so until this
+		// one sees its source's identity carry the column again.
+		WasDegraded: d.degradedCounters(),
+		Buffer:      d.buf,
+		Barrier:     s.flusher,
+		Start:       s.start,
+		Commits:     d.lag,
+		Messages:    d.rec.Recorder().HandleMessage,
+		Observe:     d.rec.Recorder().Observe,
+		Metrics:     d.m,
+		Tally:       d.tally,
+		Logger:      d.log,
+		Failpoints:  d.opt.Failpoints,
 	})
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
 	streamCtx, stopStream := context.WithCancel(gctx)
@@ -191,6 +209,7 @@ func (s *liveSession) run(ctx context.Context) error {
 		return agg.Run(workCtx, s.stream.Batches(), s.stream.Release)
 	})
 	g.Go(func() error { return s.flusher.Run(workCtx, d.cfg.FlushInterval) })
+	g.Go(func() error { return s.gate.Run(workCtx) })
 	g.Go(func() error {
 		d.heartbeat(workCtx, s.stream)
 		return nil
@@ -211,7 +230,7 @@ func (s *liveSession) finalFlush(ctx context.Context) {
 	d.log.Info("final flush done", zap.String("checkpoint", s.flusher.W().String()))
 }
 
-// recover makes Redis continue W (DESIGN §4): a missing chain, or one
+// recover makes Redis continue W (docs/design.md §4): a missing chain, or one
 // written against another server history, is reset to an empty one at W;
 // an unfinished flush is resumed or, when it was already committed,
 // discarded. It returns the end LSN of the last transaction Redis or
@@ -219,6 +238,9 @@ func (s *liveSession) finalFlush(ctx context.Context) {
 func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (cdc.LSN, error) {
 	meta, err := d.buf.Meta(ctx)
 	if err != nil {
+		return 0, err
+	}
+	if err := d.checkSlotPosition(ctx, f.W(), meta, history); err != nil {
 		return 0, err
 	}
 	switch {
@@ -259,9 +281,47 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 	return meta.LSN, nil
 }
 
+// checkSlotPosition compares the slot's confirmed position with W. The
+// server resumes from the later of the two, so changes in between are never
+// sent again: unless walcount itself confirmed past W with nothing in
+// between (an idle stream letting PostgreSQL shut down, recorded in Redis),
+// the slot was advanced by other means and those changes were never
+// counted. Every counter is then marked dirty, to be reconciled (design
+// rule 14).
+func (d *Daemon) checkSlotPosition(ctx context.Context, w cdc.LSN, meta buffer.Meta, history string) error {
+	st, err := monitor.ReadSlot(ctx, d.pool, d.cfg.Slot)
+	if err != nil || !st.Exists || st.ConfirmedFlushLSN <= w {
+		return nil // the session reports an unreadable or missing slot itself
+	}
+	// The idle record counts across a failover too (same system, another
+	// timeline): a slot synchronised to a standby is never past what that
+	// standby flushed, so (W, confirmed] lies in the history both servers
+	// share, which is the one the record was written against.
+	if meta.Exists && sameSystem(meta.History, history) && meta.IdleFrom == w && meta.IdleTo >= st.ConfirmedFlushLSN {
+		return nil
+	}
+	cause := fmt.Sprintf("the slot's confirmed position %s is past the checkpoint %s: the changes in between were never counted", st.ConfirmedFlushLSN, w)
+	d.log.Warn("the replication slot was advanced past the checkpoint; marking every counter dirty", zap.String("cause", cause))
+	for _, c := range d.cfg.Counters {
+		if err := state.MarkDirty(ctx, d.pool, d.cfg.Slot, c.Name, nil, cause); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sameSystem reports whether two histories ("<system identifier>/<timeline>")
+// are of the same database system: one cluster and the standbys copied from
+// it.
+func sameSystem(a, b string) bool {
+	sa, _, _ := strings.Cut(a, "/")
+	sb, _, _ := strings.Cut(b, "/")
+	return sa != "" && sa == sb
+}
+
 // heartbeat emits a logical message when nothing arrived on the stream
 // for a heartbeat interval, so W and the slot move while the sources are
-// idle and other tables fill the WAL (DESIGN §2 rule 8).
+// idle and other tables fill the WAL (design rule 8).
 func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 	t := time.NewTicker(d.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -285,14 +345,15 @@ func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 	}
 }
 
-// checkSlotLost turns a failed START_REPLICATION on a lost slot into
-// monitor's SlotLostError.
+// checkSlotLost turns a failed START_REPLICATION on a lost (invalidated)
+// slot into monitor's SlotLostError; a missing slot keeps the stream's
+// cdc.ErrSlotMissing.
 func (d *Daemon) checkSlotLost(ctx context.Context, cause error) error {
 	st, err := monitor.ReadSlot(ctx, d.pool, d.cfg.Slot)
 	if err != nil {
 		return nil
 	}
-	if lost := st.Err(); lost != nil {
+	if lost := st.Err(); lost != nil && isSlotLost(lost) {
 		return fmt.Errorf("%w (start replication: %v)", lost, cause)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/state"
@@ -61,6 +62,11 @@ type Status struct {
 	// Counters lists the configured counters with what this process has
 	// done for each since it started.
 	Counters []CounterStatus `json:"counters"`
+	// StandbySlots are the physical slots (synchronized_standby_slots)
+	// that must have a flush before its W is confirmed to the slot;
+	// AckHeldBytes is how far the confirmed W trails for them.
+	StandbySlots []string `json:"standby_slots,omitempty"`
+	AckHeldBytes int64    `json:"ack_held_bytes"`
 	// Dirty lists what walcount cannot vouch for until reconciliation
 	// repaired it, with the cause; Degraded the counters it cannot keep
 	// from the stream right now (their repair waits until it can).
@@ -112,6 +118,10 @@ type snapshot struct {
 	queueDepth int
 	queueBytes int64
 	dirty      []state.Dirty
+	// ackHeld and standbySlots are the standby gate's (see
+	// sink.StandbyGate).
+	ackHeld      int64
+	standbySlots []string
 }
 
 // observe refreshes the sampled metrics every MetricsInterval until ctx is
@@ -158,7 +168,7 @@ func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
 			"stopped or falls behind PostgreSQL keeps every WAL segment since the slot's position and can fill its disk. " +
 			"Alert on walcount_slot_retained_wal_bytes, and consider a limit sized to the longest outage to survive " +
 			"(ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();); a slot past the limit is lost " +
-			"and needs walcount setup --recreate-slot and walcount reconcile")
+			"and needs walcount setup --recreate-slot (or on_slot_loss: recreate) and a repair of every counter")
 		return true
 	}
 	d.log.Info("max_slot_wal_keep_size limits the WAL the slot may keep; past it the slot is lost",
@@ -215,6 +225,10 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 		s.queueBytes = st.stream.QueueBytes()
 	}
 	d.m.QueueDepth.Set(float64(s.queueDepth))
+	if st.gate != nil {
+		s.ackHeld, s.standbySlots = st.gate.Held(), st.gate.Slots()
+	}
+	d.m.AckHeldBytes.Set(float64(s.ackHeld))
 	d.m.QueueBytes.Set(float64(s.queueBytes))
 
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
@@ -280,6 +294,8 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		QueueDepth:     smp.queueDepth,
 		RedisEviction:  st.redisEviction,
 		Dirty:          smp.dirty,
+		StandbySlots:   smp.standbySlots,
+		AckHeldBytes:   smp.ackHeld,
 	}
 	for _, c := range d.cfg.Counters {
 		if !d.keepable(c.Name) {
@@ -316,25 +332,17 @@ func (d *Daemon) Status(ctx context.Context) Status {
 	return s
 }
 
-// counterStatus reads one counter's figures from the metrics.
+// counterStatus returns one counter's figures, as the stages that produce
+// them counted them in the daemon's tally.
 func (d *Daemon) counterStatus(name, source, target string) CounterStatus {
 	c := CounterStatus{Name: name, Source: source, Target: target, Changes: make(map[string]int64, len(metrics.Ops))}
 	for _, op := range metrics.Ops {
-		c.Changes[op] = counterValue(d.m.Changes.WithLabelValues(name, op))
+		c.Changes[op] = d.tally.Get(name, op)
 	}
-	c.DeltasFlushed = counterValue(d.m.DeltasFlushed.WithLabelValues(name))
-	c.DeltasDropped = counterValue(d.m.DeltasDropped.WithLabelValues(name))
-	c.Corrections = counterValue(d.m.ReconcileCorrections.WithLabelValues(name))
+	c.DeltasFlushed = d.tally.Get(name, counter.TallyFlushed)
+	c.DeltasDropped = d.tally.Get(name, counter.TallyDropped)
+	c.Corrections = d.tally.Get(name, counter.TallyCorrections)
 	return c
-}
-
-// counterValue reads a Prometheus counter; counters hold whole numbers here.
-func counterValue(c prometheus.Counter) int64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return 0
-	}
-	return int64(m.GetCounter().GetValue())
 }
 
 // gaugeValue reads a Prometheus gauge.

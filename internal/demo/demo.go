@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/counter"
@@ -17,6 +16,7 @@ import (
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
 )
@@ -149,11 +149,11 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 		return res, fmt.Errorf("connect to postgres: %w", redactedErr{err})
 	}
 	defer db.Close()
-	ropt, err := redis.ParseURL(redisURL)
+	ropt, err := redisconn.Parse(redisURL, redisconn.TLSOptions{})
 	if err != nil {
 		return res, fmt.Errorf("parse redis url: %w", redactedErr{err})
 	}
-	rdb := redis.NewClient(ropt)
+	rdb := redisconn.New(ropt, opt.Logger)
 	defer rdb.Close()
 
 	// Start from nothing: an earlier demo that was killed may have left

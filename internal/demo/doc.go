@@ -21,7 +21,7 @@
 // and Run settles: it emits a logical decoding message (a marker) and
 // waits until walcount's checkpoint passes it, which means every
 // transaction committed before the marker is in the counter columns
-// (DESIGN §2 rule 1). Then it compares every post with COUNT(*) and
+// (design rule 1). Then it compares every post with COUNT(*) and
 // reports the mismatches, if any.
 //
 // Against servers the caller names, the demo keeps to its own names (schema,

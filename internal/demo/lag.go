@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/walcount/walcount/internal/stats"
 )
 
 // maxLagSamples bounds the apply-lag samples a lagRecorder keeps; past it
@@ -57,11 +58,12 @@ func (r *lagRecorder) quantiles(since time.Time) (p50, p99 float64) {
 	return exactQuantile(lags, 0.5), exactQuantile(lags, 0.99)
 }
 
-// exactQuantile returns the q-quantile of xs (nearest rank); it sorts xs.
+// exactQuantile returns the q-quantile of xs (nearest rank, as the
+// benchmark computes it), NaN when there is none; it sorts xs.
 func exactQuantile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {
 		return nan
 	}
 	slices.Sort(xs)
-	return xs[min(int(q*float64(len(xs))), len(xs)-1)]
+	return stats.Quantile(xs, q)
 }

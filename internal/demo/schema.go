@@ -42,7 +42,7 @@ func Counter() counter.Counter {
 
 // createSchema drops any earlier demo schema and creates posts 1..posts
 // and an empty likes table. likes has REPLICA IDENTITY FULL so that a
-// DELETE carries post_id (DESIGN §2 rule 11), and an index on post_id, as
+// DELETE carries post_id (design rule 11), and an index on post_id, as
 // an app that counts and deletes likes by post would have.
 func createSchema(ctx context.Context, db *pgxpool.Pool, posts int) error {
 	ddl := fmt.Sprintf(`
@@ -68,7 +68,7 @@ ALTER TABLE %[1]s.likes REPLICA IDENTITY FULL;
 // schema, the demo's checkpoint row and its Redis keys. walcount's own
 // schema stays, since a real installation may share it. The daemon must
 // have stopped: a slot in use cannot be dropped.
-func dropAll(ctx context.Context, db *pgxpool.Pool, rdb *redis.Client) error {
+func dropAll(ctx context.Context, db *pgxpool.Pool, rdb redis.UniversalClient) error {
 	stmts := []struct {
 		sql  string
 		args []any

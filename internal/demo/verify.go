@@ -15,7 +15,7 @@ import (
 
 // settle waits until walcount's checkpoint passes a marker emitted now:
 // every transaction committed before the marker is then in the counter
-// columns (DESIGN §2 rule 1).
+// columns (design rule 1).
 func settle(ctx context.Context, db *pgxpool.Pool, daemonDone <-chan error) error {
 	marker, err := cdc.EmitMessage(ctx, db, `{"demo":"settle"}`)
 	if err != nil {

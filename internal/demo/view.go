@@ -44,7 +44,8 @@ type PostCount struct {
 type view struct {
 	w        io.Writer
 	terminal bool
-	lines    int // lines of the last frame drawn in place
+	lines    int  // lines of the last frame drawn in place
+	legend   bool // the legend of the plain lines was printed
 }
 
 // ANSI sequences used by the terminal view.
@@ -60,6 +61,12 @@ const (
 // draw shows f.
 func (v *view) draw(f Frame) {
 	if !v.terminal {
+		// The terse fields need saying once, before the first line; the
+		// terminal view labels them in place.
+		if !v.legend {
+			v.legend = true
+			io.WriteString(v.w, plainLegend(f))
+		}
 		fmt.Fprintln(v.w, plainLine(f))
 		return
 	}
@@ -108,6 +115,21 @@ func terminalFrame(f Frame) string {
 		fmt.Fprintf(&b, "  %-14s %12s %12s   %s\n", name, num(float64(p.LikesCount)), num(float64(p.Count)), gap(p))
 	}
 	return b.String()
+}
+
+// plainLegend explains plainLine's fields; it is printed once, before the
+// first line.
+func plainLegend(f Frame) string {
+	return fmt.Sprintf(`one line per second:
+  t               time since the load started
+  likes/s, unlikes/s, app_txn/s  what the app's clients did, per second
+  rows            likes rows now (COUNT(*) of likes)
+  walcount_txn/s  transactions walcount received from the slot, per second
+  flushes         flushes committed to PostgreSQL so far
+  lag_p50, lag_p99  apply lag: from a like's commit to the flush that counted it (last %s)
+  slot_lag        WAL the slot holds that walcount has not confirmed
+  top=#ID:C/N     the most liked posts: post ID, its likes_count C, its COUNT(*) N (#%d is the viral post; C trails N by what is in flight)
+`, secs(lagWindow), f.Viral)
 }
 
 // plainLine renders f as one line for logs and pipes.

@@ -32,9 +32,20 @@ func TestPlainView(t *testing.T) {
 	v.draw(testFrame())
 	v.draw(testFrame())
 	v.done()
-	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	text := out.String()
+	// The legend comes once, first, and explains every field of a line.
+	legend, rest, ok := strings.Cut(text, "t=3s")
+	if !ok || strings.Contains(rest, "one line per second") {
+		t.Fatalf("want the legend once, before the first line:\n%s", text)
+	}
+	for _, field := range []string{"likes/s", "unlikes/s", "app_txn/s", "rows", "walcount_txn/s", "flushes", "lag_p50", "lag_p99", "slot_lag", "top=#ID:C/N", "#501 is the viral post"} {
+		if !strings.Contains(legend, field) {
+			t.Errorf("the legend does not explain %q:\n%s", field, legend)
+		}
+	}
+	lines := strings.Split(strings.TrimSuffix("t=3s"+rest, "\n"), "\n")
 	if len(lines) != 2 {
-		t.Fatalf("got %d lines, want 2:\n%s", len(lines), out.String())
+		t.Fatalf("got %d lines after the legend, want 2:\n%s", len(lines), text)
 	}
 	for _, want := range []string{"t=3s", "likes/s=5000", "flushes=3", "lag_p50=500ms", "lag_p99=-", "slot_lag=2.0 MiB", "top=#501:900/910,#1:800/800"} {
 		if !strings.Contains(lines[0], want) {
@@ -47,6 +58,9 @@ func TestTerminalViewRedrawsInPlace(t *testing.T) {
 	var out bytes.Buffer
 	v := &view{w: &out, terminal: true}
 	v.draw(testFrame())
+	if strings.Contains(out.String(), "one line per second") {
+		t.Error("the terminal view prints the legend of the plain lines")
+	}
 	first := out.Len()
 	n := strings.Count(out.String(), "\n")
 	v.draw(testFrame())

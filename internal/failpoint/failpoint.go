@@ -1,5 +1,5 @@
 // Package failpoint lets tests stop walcount at the exact places where a
-// crash matters for exactly-once delivery (DESIGN §4). A Set belongs to one
+// crash matters for exactly-once delivery (docs/design.md §4). A Set belongs to one
 // daemon, so crash tests run side by side; in production the Set is nil
 // and Inject costs a nil check.
 package failpoint
@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 )
 
-// Names of the failpoints, one per crash point of DESIGN §4.
+// Names of the failpoints, one per crash point of docs/design.md §4.
 const (
 	// AfterApply fires after a batch was applied to Redis, before any ack.
 	AfterApply = "aggregator.after-apply"

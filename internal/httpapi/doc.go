@@ -1,5 +1,5 @@
 // Package httpapi is walcount's HTTP server: the operational endpoints of
-// DESIGN.md §6 and the reconcile trigger.
+// docs/design.md §6 and the reconcile trigger.
 //
 //	GET  /healthz       200 "ok" for as long as the process serves HTTP
 //	                    (liveness: restart the process if this fails)
@@ -8,6 +8,11 @@
 //	GET  /status        the daemon's state as pretty-printed JSON
 //	GET  /metrics       Prometheus exposition of internal/metrics
 //	POST /v1/reconcile  handed to Options.Reconcile; 501 when there is none
+//
+// When Options.Token is set, every POST needs "Authorization: Bearer
+// <token>" and gets a 401 without it; the GET endpoints stay open, since
+// they change nothing and probes and scrapers carry no token. Start warns
+// when the server listens beyond loopback without a token.
 //
 // The server knows nothing of walcount's internals: the daemon supplies
 // readiness and status as functions, so that this package depends only on

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,7 +27,10 @@ const (
 )
 
 // Log field keys.
-const fieldAddr = "addr"
+const (
+	fieldAddr     = "addr"
+	fieldTokenSet = "token_required"
+)
 
 var (
 	// ErrStarted is returned by a second call to Start.
@@ -51,6 +55,11 @@ type Options struct {
 	// Reconcile handles POST /v1/reconcile; nil serves a 501 with a JSON
 	// error.
 	Reconcile http.Handler
+	// Token, when not empty, is the bearer token every POST must carry
+	// (Authorization: Bearer <token>); others get a 401. GET endpoints
+	// stay open: they change nothing and orchestrators probe them. The
+	// token is never logged.
+	Token string
 	// Logger receives the server's own errors; nil means no logging.
 	Logger *zap.Logger
 }
@@ -108,7 +117,12 @@ func (s *Server) Start() error {
 		return fmt.Errorf("listen on %s: %w", s.opt.Addr, err)
 	}
 	s.ln = ln
-	s.log.Info("http server listening", zap.String(fieldAddr, ln.Addr().String()))
+	s.log.Info("http server listening", zap.String(fieldAddr, ln.Addr().String()), zap.Bool(fieldTokenSet, s.opt.Token != ""))
+	if s.opt.Token == "" && !Loopback(ln.Addr()) {
+		s.log.Warn("the HTTP API listens beyond loopback without a token: anyone who reaches "+ln.Addr().String()+
+			" can start reconciliations (POST /v1/reconcile); set WALCOUNT_HTTP_TOKEN (or http_token), or listen on 127.0.0.1",
+			zap.String(fieldAddr, ln.Addr().String()))
+	}
 	go func() {
 		defer close(s.done)
 		err := s.srv.Serve(ln)
@@ -166,10 +180,47 @@ func (s *Server) routes() {
 		s.mux.Handle("GET /metrics", notImplemented("metrics are not available in this process"))
 	}
 	if s.opt.Reconcile != nil {
-		s.mux.Handle("POST /v1/reconcile", s.opt.Reconcile)
+		s.mux.Handle("POST /v1/reconcile", s.authorized(s.opt.Reconcile))
 	} else {
-		s.mux.Handle("POST /v1/reconcile", notImplemented("reconcile is not available in this process: it runs inside `walcount run`"))
+		s.mux.Handle("POST /v1/reconcile", s.authorized(notImplemented("reconcile is not available in this process: it runs inside `walcount run`")))
 	}
+}
+
+// authorized lets a request through to h when no token is configured or
+// when it carries the token; otherwise it answers 401.
+func (s *Server) authorized(h http.Handler) http.Handler {
+	if s.opt.Token == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.opt.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A constant-time comparison, so that response times do not
+		// reveal how much of a guess was right.
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="walcount"`)
+			writeJSONError(w, http.StatusUnauthorized,
+				"this walcount requires a bearer token for POST requests: set WALCOUNT_HTTP_TOKEN (or --http-token) to the daemon's http_token")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Loopback reports whether addr is on a loopback interface only: a
+// wildcard address (0.0.0.0, ::) listens on every interface.
+func Loopback(addr net.Addr) bool {
+	var ip net.IP
+	switch a := addr.(type) {
+	case *net.TCPAddr:
+		ip = a.IP
+	default:
+		host, _, err := net.SplitHostPort(addr.String())
+		if err != nil {
+			return false
+		}
+		ip = net.ParseIP(host)
+	}
+	return ip != nil && ip.IsLoopback()
 }
 
 // healthz answers whenever the process can serve HTTP at all: it checks

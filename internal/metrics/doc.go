@@ -2,7 +2,7 @@
 // struct registered into walcount's own registry.
 //
 // Keeping the whole set in one place makes the metric names a reviewable
-// contract (DESIGN.md §6): the alert rules in deploy/prometheus and the
+// contract (docs/design.md §6): the alert rules in deploy/prometheus and the
 // dashboard in deploy/grafana refer to these names, and tests in this package
 // and in deploy/ fail when one of them goes missing.
 //

@@ -25,7 +25,23 @@ const (
 	LabelVersion = "version"
 	// LabelReason is pg_replication_slots.invalidation_reason.
 	LabelReason = "reason"
+	// LabelStage is where a failed session was; one of the Stage
+	// constants.
+	LabelStage = "stage"
 )
+
+// Values of LabelStage. A session starts (it connects to PostgreSQL,
+// takes the slot and makes the Redis buffer continue the checkpoint) and
+// then streams (it reads the slot, writes deltas to Redis and flushes them
+// to PostgreSQL). A Redis outage shows as one failure while streaming and
+// then failures at start until Redis answers again.
+const (
+	StageStart     = "start"
+	StageStreaming = "streaming"
+)
+
+// Stages lists every value of LabelStage.
+var Stages = []string{StageStart, StageStreaming}
 
 // Values of LabelOp.
 const (
@@ -117,6 +133,10 @@ type Metrics struct {
 	// CheckpointAgeSeconds is the time since W last moved; the daemon sets
 	// it, since only it knows when the last flush committed.
 	CheckpointAgeSeconds prometheus.Gauge
+	// AckHeldBytes is how far the W confirmed to the slot is behind the
+	// W committed, waiting for the standbys named in
+	// synchronized_standby_slots to flush it.
+	AckHeldBytes prometheus.Gauge
 
 	// Stream.
 
@@ -125,15 +145,25 @@ type Metrics struct {
 	// Changes counts row changes that matched a counter, by counter and op.
 	Changes *prometheus.CounterVec
 	// QueueBlockedSeconds is the total time the cdc stage spent blocked
-	// on a full queue to the aggregator (backpressure, DESIGN §2 rule 9).
+	// on a full queue to the aggregator (backpressure, design rule 9).
 	QueueBlockedSeconds prometheus.Counter
 	// QueueDepth is the number of batches waiting in that queue.
 	QueueDepth prometheus.Gauge
 	// QueueBytes is the memory of the batches in that queue, which is
 	// bounded by bytes, not only by batches.
 	QueueBytes prometheus.Gauge
-	// Streaming is 1 while the replication stream is connected.
+	// Streaming is 1 while the replication stream is connected. Setting
+	// it to 1 also sets WaitingForSlot to 0: a walcount that streams has
+	// its slot.
 	Streaming prometheus.Gauge
+	// WaitingForSlot is 1 while this walcount waits as a standby for the
+	// slot another walcount holds; such an instance is meant not to
+	// stream.
+	WaitingForSlot prometheus.Gauge
+	// SessionFailures counts replication sessions that failed and are
+	// retried, whatever failed (PostgreSQL, Redis, the replication
+	// connection), by stage (see StageStart).
+	SessionFailures *prometheus.CounterVec
 
 	// Flushes.
 
@@ -154,7 +184,7 @@ type Metrics struct {
 	// of the flush that contains its deltas.
 	ApplyLag prometheus.Histogram
 
-	// Reconciliation (DESIGN §5).
+	// Reconciliation (docs/design.md §5).
 
 	// CounterDirty is 1 for a counter walcount cannot vouch for until a
 	// reconciliation repaired it (part of its history was not seen), 0
@@ -212,6 +242,8 @@ func New() *Metrics {
 			"End LSN of the last transaction received from the replication stream."),
 		CheckpointAgeSeconds: gauge("checkpoint_age_seconds",
 			"Seconds since the checkpoint LSN last moved."),
+		AckHeldBytes: gauge("ack_held_bytes",
+			"Bytes of WAL by which the position confirmed to the slot trails the checkpoint, held back until the standbys in synchronized_standby_slots have the flush that wrote it."),
 
 		Transactions: counter("transactions_total",
 			"Committed source transactions received from the replication stream."),
@@ -225,8 +257,12 @@ func New() *Metrics {
 			"Batches of decoded changes waiting in the queue between the replication reader and the aggregator."),
 		QueueBytes: gauge("queue_bytes",
 			"Bytes of decoded changes held in the queue between the replication reader and the aggregator (bounded by bytes: backpressure starts at the bound)."),
-		Streaming: gauge("streaming",
-			"1 while the replication stream is connected, else 0."),
+		WaitingForSlot: gauge("waiting_for_slot",
+			"1 while this walcount waits as a standby for the replication slot another walcount holds, else 0."),
+		SessionFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "session_failures_total",
+			Help: "Replication sessions that failed and are retried, whatever failed (PostgreSQL, Redis, the replication connection), by stage: start (connecting, taking the slot, recovering the Redis buffer) or streaming (reading the slot, writing deltas to Redis, flushing them).",
+		}, []string{LabelStage}),
 
 		Flushes: counter("flushes_total",
 			"Flushes committed to PostgreSQL."),
@@ -272,13 +308,19 @@ func New() *Metrics {
 		}, []string{LabelVersion}),
 	}
 
+	m.Streaming = streamingGauge{
+		Gauge:   gauge("streaming", "1 while the replication stream is connected, else 0."),
+		waiting: m.WaitingForSlot,
+	}
+
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.SlotLagBytes, m.SlotRetainedWALBytes, m.SlotSafeWALSizeBytes, m.SlotActive, m.SlotWALStatus, m.SlotInvalidated,
 		m.SlotSpillBytes, m.SlotSpillTxns, m.SlotStreamBytes, m.SlotStreamTxns, m.SlotReadErrors,
-		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds,
+		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds, m.AckHeldBytes,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
+		m.WaitingForSlot, m.SessionFailures,
 		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
 		m.BuildInfo,
@@ -290,6 +332,11 @@ func New() *Metrics {
 	// rather than "no data".
 	for _, s := range WALStatuses {
 		m.SlotWALStatus.WithLabelValues(s).Set(0)
+	}
+	// The same for failures: an alert on their increase needs the series
+	// before the first one, or it misses that one.
+	for _, s := range Stages {
+		m.SessionFailures.WithLabelValues(s)
 	}
 	m.SetVersion(moduleVersion())
 	return m
@@ -358,6 +405,22 @@ func (m *Metrics) InitCounter(name string) {
 	m.ReconcileCorrections.WithLabelValues(name)
 	m.ReconcileKeysChecked.WithLabelValues(name)
 	m.CounterDirty.WithLabelValues(name).Set(0)
+}
+
+// streamingGauge is walcount_streaming. A walcount that streams holds its
+// slot, so setting it to 1 ends a wait for the slot: the daemon sets
+// WaitingForSlot when a session finds the slot taken, and this clears it
+// when a later session takes over.
+type streamingGauge struct {
+	prometheus.Gauge
+	waiting prometheus.Gauge
+}
+
+func (g streamingGauge) Set(v float64) {
+	if v == 1 {
+		g.waiting.Set(0)
+	}
+	g.Gauge.Set(v)
 }
 
 func gauge(name, help string) prometheus.Gauge {

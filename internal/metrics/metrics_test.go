@@ -12,7 +12,7 @@ import (
 	"github.com/walcount/walcount/internal/metrics"
 )
 
-// designNames are the metric names DESIGN.md §6 promises, copied from the
+// designNames are the metric names docs/design.md §6 promises, copied from the
 // document rather than from the package so that renaming a metric fails here.
 var designNames = []string{
 	"walcount_slot_lag_bytes",
@@ -46,6 +46,8 @@ var extraNames = []string{
 	"walcount_queue_blocked_seconds_total",
 	"walcount_queue_depth",
 	"walcount_streaming",
+	"walcount_waiting_for_slot",
+	"walcount_session_failures_total",
 	"walcount_build_info",
 	"go_goroutines",
 	"process_cpu_seconds_total",
@@ -197,4 +199,35 @@ func labels(m *dto.Metric) map[string]string {
 		out[l.GetName()] = l.GetValue()
 	}
 	return out
+}
+
+// TestSessionFailuresStartAtZero checks that both stages are exported from
+// the start, so that increase() sees the first failure.
+func TestSessionFailuresStartAtZero(t *testing.T) {
+	got := gather(t, metrics.New())
+	stages := map[string]float64{}
+	for _, mt := range got["walcount_session_failures_total"].GetMetric() {
+		stages[labels(mt)["stage"]] = mt.GetCounter().GetValue()
+	}
+	if len(stages) != 2 || stages["start"] != 0 || stages["streaming"] != 0 {
+		t.Errorf("walcount_session_failures_total = %v, want stage start and streaming at 0", stages)
+	}
+}
+
+// TestStreamingEndsWaitingForSlot checks that a standby that takes over
+// (it streams) no longer reports that it waits for the slot.
+func TestStreamingEndsWaitingForSlot(t *testing.T) {
+	m := metrics.New()
+	value := func(name string) float64 {
+		return gather(t, m)[name].GetMetric()[0].GetGauge().GetValue()
+	}
+	m.WaitingForSlot.Set(1)
+	m.Streaming.Set(0)
+	if value("walcount_waiting_for_slot") != 1 || value("walcount_streaming") != 0 {
+		t.Fatalf("waiting %v, streaming %v; want 1, 0", value("walcount_waiting_for_slot"), value("walcount_streaming"))
+	}
+	m.Streaming.Set(1)
+	if value("walcount_waiting_for_slot") != 0 || value("walcount_streaming") != 1 {
+		t.Errorf("after streaming: waiting %v, streaming %v; want 0, 1", value("walcount_waiting_for_slot"), value("walcount_streaming"))
+	}
 }

@@ -2,7 +2,7 @@
 // PostgreSQL server, the source and target tables, the publication, the
 // replication slot, walcount's checkpoint table and Redis, and reports each
 // thing that would make walcount fail or count wrongly, with the exact SQL
-// or setting that fixes it (DESIGN §2 rule 11, §6).
+// or setting that fixes it (design rule 11; docs/design.md §6).
 //
 // The checks read only catalogs and settings; the only writes are a
 // short-lived Redis key to prove that Redis accepts writes. They rely on:

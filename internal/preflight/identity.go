@@ -8,7 +8,7 @@ import (
 	"github.com/walcount/walcount/counter"
 )
 
-// checkIdentity checks DESIGN §2 rule 11: the old row of an UPDATE or
+// checkIdentity checks design rule 11: the old row of an UPDATE or
 // DELETE reaches walcount only as the source table's replica identity. Under
 // REPLICA IDENTITY DEFAULT that is the primary key, so a DELETE from a likes
 // table keyed by id says "id 7 is gone" but not which post it liked. Every

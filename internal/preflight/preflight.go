@@ -154,6 +154,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 		r.checkSlot,
 		r.checkWALKeepSize,
 		r.checkIdleSlotTimeout,
+		r.checkFailover,
 		r.checkCheckpoint,
 		r.checkOwnership,
 	}

@@ -423,13 +423,36 @@ func TestSlot(t *testing.T) {
 		wantFix(t, p, "walcount setup")
 		want(t, findings, preflight.CheckReplicationSlots, preflight.OK, "free")
 	})
+	t.Run("missing after setup, on_slot_loss recreate", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, goodSchema)
+		f.setUp(t)
+		f.exec(t, "SELECT pg_drop_replication_slot($1)", f.cfg.Slot)
+		// stop: a problem, as before.
+		p := want(t, run(t, f.cfg), preflight.CheckSlot, preflight.Problem, "does not exist")
+		wantFix(t, p, "walcount setup")
+		// recreate: run repairs it by itself, so it must start.
+		f.cfg.OnSlotLoss = config.SlotLossRecreate
+		findings := run(t, f.cfg)
+		want(t, findings, preflight.CheckSlot, preflight.Warning, "on_slot_loss is recreate: walcount run creates it anew")
+		if preflight.HasProblems(findings) {
+			t.Errorf("a missing slot with on_slot_loss recreate is still a problem: %+v", findings)
+		}
+	})
+	t.Run("missing before setup, on_slot_loss recreate", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, goodSchema)
+		f.cfg.OnSlotLoss = config.SlotLossRecreate
+		p := want(t, run(t, f.cfg), preflight.CheckSlot, preflight.Problem, "does not exist")
+		wantFix(t, p, "walcount setup")
+	})
 	t.Run("wrong plugin", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, goodSchema)
 		f.createSlot(t, "test_decoding")
 		findings := run(t, f.cfg)
 		p := want(t, findings, preflight.CheckSlot, preflight.Problem, "uses plugin test_decoding, not pgoutput")
-		wantFix(t, p, "walcount setup --recreate-slot; then walcount reconcile")
+		wantFix(t, p, "walcount setup --recreate-slot (walcount run then repairs every counter by itself)")
 	})
 	t.Run("other database", func(t *testing.T) {
 		t.Parallel()
@@ -466,7 +489,7 @@ func TestCheckpoint(t *testing.T) {
 		f.createSlot(t, "pgoutput")
 		f.createCheckpoint(t, "0/1")
 		findings := run(t, f.cfg)
-		wantFix(t, want(t, findings, preflight.CheckCheckpoint, preflight.Warning, "is behind the slot's confirmed position"), "walcount reconcile")
+		wantFix(t, want(t, findings, preflight.CheckCheckpoint, preflight.Warning, "is behind the slot's confirmed position"), "nothing: walcount run tells the two cases apart at start, and in the first marks every counter dirty and repairs it")
 	})
 }
 
@@ -483,11 +506,9 @@ func TestTablesAndColumns(t *testing.T) {
 		fix     string
 	}{
 		{name: "source table missing", schema: "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL);",
-			check: preflight.CheckTable, sev: preflight.Problem, msg: "source table public.likes does not exist",
-			fix: "create it, or set counters[0].source in the config file"},
+			check: preflight.CheckTable, sev: preflight.Problem, msg: "source table public.likes does not exist in database test_"},
 		{name: "target table missing", schema: "CREATE TABLE likes (post_id bigint PRIMARY KEY);",
-			check: preflight.CheckTable, sev: preflight.Problem, msg: "target table public.posts does not exist",
-			fix: "create it, or set counters[0].target in the config file"},
+			check: preflight.CheckTable, sev: preflight.Problem, msg: "target table public.posts does not exist in database test_"},
 		{name: "source is a view", schema: goodSchema + "CREATE VIEW likes_v AS SELECT * FROM likes;",
 			counter: func(c *counter.Counter) { c.Source = "public.likes_v" },
 			check:   preflight.CheckTable, sev: preflight.Problem, msg: "source public.likes_v is not a table (relkind v)"},

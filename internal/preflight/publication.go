@@ -10,9 +10,9 @@ import (
 )
 
 // checkPublication checks that the publication exists, publishes every
-// operation walcount needs (TRUNCATE included: it is a barrier, DESIGN rule
+// operation walcount needs (TRUNCATE included: it is a barrier, design rule
 // 10) and includes every source table with all its rows and the columns
-// the counters read, and every target with its key (DESIGN rule 17). What
+// the counters read, and every target with its key (design rule 17). What
 // it should hold is package publication's layout, which setup creates.
 func (r *run) checkPublication() error {
 	pub := r.ident(r.cfg.Publication)
@@ -155,6 +155,9 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 			}
 			var missing []string
 			for _, col := range need {
+				if _, exists := t.Table.Columns[col]; !exists {
+					continue // a problem of the configuration, reported by checkColumns
+				}
 				if !slices.Contains(p.columns, col) {
 					missing = append(missing, r.ident(col))
 				}

@@ -96,7 +96,7 @@ func (r *run) checkWALKeepSize() error {
 		r.warn(CheckSlotWALKeepSize,
 			"max_slot_wal_keep_size is -1 (unlimited): the slot can never be lost, but while walcount is stopped or stuck "+
 				"PostgreSQL keeps all WAL since the slot's position and can fill its disk; a limit trades that for "+
-				"slot loss (then walcount setup --recreate-slot and walcount reconcile). Either way, alert on walcount_slot_retained_wal_bytes",
+				"slot loss (then walcount setup --recreate-slot or on_slot_loss: recreate, and a repair of every counter). Either way, alert on walcount_slot_retained_wal_bytes",
 			"ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();")
 		return nil
 	}
@@ -123,7 +123,7 @@ func (r *run) checkIdleSlotTimeout() error {
 		return nil
 	}
 	timeout := time.Duration(seconds) * time.Second
-	msg := fmt.Sprintf("idle_replication_slot_timeout is %s: if walcount is stopped (or cannot connect) for longer, PostgreSQL invalidates slot %s at the next checkpoint (idle_timeout), and the counters need walcount setup --recreate-slot and a full reconcile",
+	msg := fmt.Sprintf("idle_replication_slot_timeout is %s: if walcount is stopped (or cannot connect) for longer, PostgreSQL invalidates slot %s at the next checkpoint (idle_timeout), and the counters need walcount setup --recreate-slot (or on_slot_loss: recreate) and a repair of every counter",
 		timeout, r.cfg.Slot)
 	if r.slot != nil && !r.slot.active && r.slot.inactiveSince != nil {
 		left := time.Until(r.slot.inactiveSince.Add(timeout)).Round(time.Second)

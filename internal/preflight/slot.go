@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/state"
 )
 
@@ -20,20 +21,24 @@ type slotInfo struct {
 	confirmedLSN     *string
 	walStatus        *string
 	inactiveSince    *time.Time // PostgreSQL 17+
+	failover         bool       // PostgreSQL 17+
 }
 
 // lookupSlot reads the slot into r.slot (nil when it does not exist).
 func (r *run) lookupSlot() error {
 	var s slotInfo
-	inactiveSince := "NULL::timestamptz"
+	inactiveSince, failover := "NULL::timestamptz", "false"
 	if r.version.SlotInvalidationReason() {
 		inactiveSince = "inactive_since"
 	}
+	if r.version.FailoverSlots() {
+		failover = "failover"
+	}
 	err := r.conn.QueryRow(r.ctx, `
 SELECT coalesce(plugin, ''), slot_type, database, active,
-       restart_lsn::text, confirmed_flush_lsn::text, wal_status, `+inactiveSince+`
+       restart_lsn::text, confirmed_flush_lsn::text, wal_status, `+inactiveSince+`, `+failover+`
 FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(
-		&s.plugin, &s.slotType, &s.database, &s.active, &s.restartLSN, &s.confirmedLSN, &s.walStatus, &s.inactiveSince)
+		&s.plugin, &s.slotType, &s.database, &s.active, &s.restartLSN, &s.confirmedLSN, &s.walStatus, &s.inactiveSince, &s.failover)
 	if errNoRows(err) {
 		return nil
 	}
@@ -44,13 +49,23 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(
 	return nil
 }
 
-// checkSlot checks DESIGN §2 rule 12 ahead of time: the slot must exist,
+// checkSlot checks design rule 12 ahead of time: the slot must exist,
 // decode with pgoutput in this database, and still hold its WAL.
 func (r *run) checkSlot() error {
 	s := r.slot
 	name := r.cfg.Slot
-	recreate := "walcount setup --recreate-slot; then walcount reconcile"
+	recreate := "walcount setup --recreate-slot (walcount run then repairs every counter by itself)"
+	// With on_slot_loss: recreate, a slot that walcount had (its
+	// checkpoint is there) and lost is what run repairs by itself, at
+	// start as while running: a restart after a failover to a server
+	// without the slot must not wait for an operator.
+	selfRepair := r.cfg.OnSlotLoss == config.SlotLossRecreate && r.hasCheckpoint()
+	const repairs = "on_slot_loss is recreate: walcount run creates it anew, marks every counter dirty and repairs it"
 	switch {
+	case s == nil && selfRepair:
+		r.warn(CheckSlot, fmt.Sprintf("replication slot %s does not exist (dropped, or this server was promoted without it); %s", name, repairs),
+			"nothing, or walcount setup --recreate-slot to do it now")
+		return nil
 	case s == nil:
 		r.setupProblem(CheckSlot, fmt.Sprintf("replication slot %s does not exist", name), "walcount setup")
 		return nil
@@ -68,6 +83,10 @@ func (r *run) checkSlot() error {
 		return nil
 	case s.plugin != "pgoutput":
 		r.problem(CheckSlot, fmt.Sprintf("replication slot %s uses plugin %s, not pgoutput", name, s.plugin), recreate)
+		return nil
+	case (s.walStatus != nil && *s.walStatus == "lost" || s.restartLSN == nil) && selfRepair:
+		r.warn(CheckSlot, fmt.Sprintf("replication slot %s is lost: the WAL it needs was removed; %s", name, repairs),
+			"nothing, or walcount setup --recreate-slot to do it now")
 		return nil
 	case s.walStatus != nil && *s.walStatus == "lost" || s.restartLSN == nil:
 		r.problem(CheckSlot,
@@ -92,7 +111,17 @@ func (r *run) checkSlot() error {
 	return nil
 }
 
-// checkCheckpoint checks walcount's checkpoint table (DESIGN §2 rule 1):
+// hasCheckpoint reports whether walcount's state holds a checkpoint for
+// the slot: walcount was set up for it.
+func (r *run) hasCheckpoint() bool {
+	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
+		return false
+	}
+	_, err := state.ReadCheckpoint(r.ctx, r.conn, r.cfg.Slot)
+	return err == nil
+}
+
+// checkCheckpoint checks walcount's checkpoint table (design rule 1):
 // that it exists, that the role may read and move it, and that it has this
 // slot's row. A row behind the slot's confirmed position means changes in
 // between were acknowledged without being counted.
@@ -136,7 +165,7 @@ func (r *run) checkCheckpoint() error {
 		if errC == nil && w < c {
 			r.warn(CheckCheckpoint,
 				fmt.Sprintf("checkpoint %s of slot %s is behind the slot's confirmed position %s: if the slot was advanced by hand, changes in between were never counted (walcount itself confirms past its checkpoint only to let PostgreSQL shut down while nothing was streaming, which loses nothing)", w, r.cfg.Slot, c),
-				"walcount reconcile")
+				"nothing: walcount run tells the two cases apart at start, and in the first marks every counter dirty and repairs it")
 			return nil
 		}
 	}
@@ -145,7 +174,7 @@ func (r *run) checkCheckpoint() error {
 }
 
 // checkOwnership checks that this slot keeps the counters' columns and no
-// other slot does (DESIGN rule 15): two deployments on one column count
+// other slot does (design rule 15): two deployments on one column count
 // every change twice.
 func (r *run) checkOwnership() error {
 	if err := state.CheckVersion(r.ctx, r.conn); err != nil {

@@ -3,7 +3,9 @@ package preflight
 import (
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -81,12 +83,12 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 		switch {
 		case !tt.t.Exists:
 			tablesOK = false
-			r.configProblem(CheckTable, fmt.Sprintf("%s%s table %s does not exist", prefix, tt.role, tt.t.sql),
-				fmt.Sprintf("create it, or set counters[%d].%s in the config file", i, tt.field))
+			r.configProblem(CheckTable, fmt.Sprintf("%s%s table %s does not exist in %s", prefix, tt.role, tt.t.sql, r.where()),
+				r.configFix(c, fmt.Sprintf("create it, or set counters[%d].%s in %s", i, tt.field, r.configFileName())))
 		case tt.t.Kind != "r" && tt.t.Kind != "p":
 			tablesOK = false
 			r.configProblem(CheckTable, fmt.Sprintf("%s%s %s is not a table (relkind %s)", prefix, tt.role, tt.t.sql, tt.t.Kind),
-				fmt.Sprintf("set counters[%d].%s to a table", i, tt.field))
+				r.configFix(c, fmt.Sprintf("set counters[%d].%s in %s to a table", i, tt.field, r.configFileName())))
 		}
 	}
 	if !tablesOK {
@@ -113,6 +115,82 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 	return r.checkIdentity(c, src, prefix)
 }
 
+// where names the database the checks run against, as "database app on
+// db:5432 (user walcount)": a table that does not exist is often in another
+// database than the one the URL names. It never shows the password.
+func (r *run) where() string {
+	cc := r.conn.Config()
+	return fmt.Sprintf("database %s on %s (user %s)", r.database, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.User)
+}
+
+// configFileName names the configuration file in a fix.
+func (r *run) configFileName() string {
+	if r.cfg.File == "" {
+		return "the config file"
+	}
+	return r.cfg.File
+}
+
+// configFix returns fix, the change to make in the config file, unless
+// no config file is in use and c is the default counter: there is no file
+// to change then, and the likely causes are another database or an app
+// whose tables have other names.
+func (r *run) configFix(c counter.Counter, fix string) string {
+	if r.cfg.File != "" || !isDefaultCounter(c) {
+		return fix
+	}
+	d := counter.Default()
+	return fmt.Sprintf("no config file is in use, so walcount keeps its default counter (%s.%s into %s.%s), which needs tables %s and %s: "+
+		"if this is the wrong database, point --database-url or WALCOUNT_DATABASE_URL at the right one; "+
+		"to count other tables, give a config file with counters (--config; see docs/configuration.md)",
+		d.Source, d.Key, d.Target, d.Column, d.Source, d.Target)
+}
+
+// isDefaultCounter reports whether c is counter.Default() (after
+// canonicalisation, which leaves the default as it is).
+func isDefaultCounter(c counter.Counter) bool {
+	d := counter.Default()
+	return c.Name == d.Name && c.Source == d.Source && c.Key == d.Key && c.Target == d.Target &&
+		c.TargetKey == d.TargetKey && c.Column == d.Column && c.Sum == d.Sum && len(c.Where) == 0
+}
+
+// closest returns the column of cols nearest to name by edit distance, for
+// a "did you mean" in a message; empty when none is near enough to be a
+// likely typo (at most a third of the name's length, and at least 1
+// edit allowed, 3 at most).
+func closest(name string, cols map[string]counter.Column) string {
+	limit := min(max(len([]rune(name))/3, 1), 3)
+	best, bestDist := "", limit+1
+	for _, col := range sortedKeys(cols) {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(col)); d < bestDist {
+			best, bestDist = col, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in runes.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	prev := make([]int, len(rb)+1)
+	cur := make([]int, len(rb)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		cur[0] = i
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(rb)]
+}
+
 // checkColumns checks that every column of the counter exists with a usable
 // type.
 func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix string) error {
@@ -128,8 +206,11 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 	need := func(t *table, name, field string) (counter.Column, bool) {
 		col, found := t.Columns[name]
 		if !found {
-			badConfig(fmt.Sprintf("column %s.%s does not exist", t.sql, r.ident(name)),
-				fmt.Sprintf("set counters[%d].%s in the config file to a column of %s", i, field, t.sql))
+			msg := fmt.Sprintf("column %s.%s does not exist", t.sql, r.ident(name))
+			if near := closest(name, t.Columns); near != "" {
+				msg += fmt.Sprintf(" (did you mean %s?)", r.ident(near))
+			}
+			badConfig(msg, r.configFix(c, fmt.Sprintf("set counters[%d].%s in %s to a column of %s", i, field, r.configFileName(), t.sql)))
 		}
 		return col, found
 	}
@@ -193,7 +274,7 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 				msg = pgErr.Message
 			}
 			badConfig(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", *c.Where[w], wcol.Full, src.sql, r.ident(w), msg),
-				fmt.Sprintf("fix counters[%d].where.%s in the config file", i, w))
+				fmt.Sprintf("fix counters[%d].where.%s in %s", i, w, r.configFileName()))
 		}
 	}
 
@@ -307,16 +388,17 @@ func (r *run) checkPrivileges(c counter.Counter, src, tgt *table, prefix string)
 	return nil
 }
 
-// checkIndexes warns when a key has no index: every flush looks target rows
-// up by target_key and every reconcile batch counts source rows by key.
+// checkIndexes warns when a key has no index whose leading column it is:
+// every flush looks target rows up by target_key, and every reconcile batch
+// counts the source rows of a range of keys.
 func (r *run) checkIndexes(c counter.Counter, src, tgt *table, prefix string) error {
 	for _, k := range []struct {
 		t   *table
 		col string
 		why string
 	}{
-		{tgt, c.TargetKey, "every flush looks rows up by it"},
-		{src, c.Key, "reconcile counts rows by it"},
+		{tgt, c.TargetKey, "every flush looks rows up by it, so it scans the table"},
+		{src, c.Key, "every reconcile batch counts the rows of a range of keys by it, so a reconcile would scan the whole table once per batch (an index that does not lead with it does not help)"},
 	} {
 		if _, found := k.t.Columns[k.col]; !found {
 			continue // reported by checkColumns
@@ -331,7 +413,7 @@ SELECT EXISTS (
 			return r.queryFailed(CheckIndex, prefix+"indexes of "+k.t.sql, err)
 		}
 		if !indexed {
-			r.warn(CheckIndex, fmt.Sprintf("%sno index on %s (%s): %s, so it scans the table", prefix, k.t.sql, r.ident(k.col), k.why),
+			r.warn(CheckIndex, fmt.Sprintf("%sno index on %s (%s): %s", prefix, k.t.sql, r.ident(k.col), k.why),
 				fmt.Sprintf("CREATE INDEX CONCURRENTLY ON %s (%s);", k.t.sql, r.ident(k.col)))
 		}
 	}
@@ -350,7 +432,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // checkTargetIdentity checks that a delete of a target row carries its
 // target key, so that the deltas buffered for the row can be dropped and
-// do not land on a row inserted later with the same key (DESIGN rule 17).
+// do not land on a row inserted later with the same key (design rule 17).
 func (r *run) checkTargetIdentity(c counter.Counter, tgt *table, prefix string) {
 	if _, found := tgt.Columns[c.TargetKey]; !found || !tgt.IdentityUsable() {
 		return // reported by checkColumns and checkPublication

@@ -4,7 +4,7 @@
 // The sources are published whole, with every operation: their inserts,
 // updates, deletes and truncates are what is counted. The targets are
 // published too, so that their inserts, deletes and key changes reach the
-// stream as barriers per key (DESIGN rule 17): from PostgreSQL 15 on with a
+// stream as barriers per key (design rule 17): from PostgreSQL 15 on with a
 // column list of the target key, the counter columns and the replica
 // identity columns (PostgreSQL requires those in a list when updates and
 // deletes are published), so that walcount's own flushes and the app's

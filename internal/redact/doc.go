@@ -1,5 +1,5 @@
 // Package redact masks secrets in connection strings before they are logged,
-// printed or returned in an error or in /status (DESIGN.md §6: secrets never
+// printed or returned in an error or in /status (docs/design.md §6: secrets never
 // appear in logs).
 //
 // It knows the two forms PostgreSQL accepts

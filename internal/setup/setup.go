@@ -254,7 +254,7 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 		return err
 	}
 
-	// One slot keeps each counter column (DESIGN rule 15).
+	// One slot keeps each counter column (design rule 15).
 	if !s.print {
 		if err := state.Claim(ctx, s.tx, cfg.Slot, cfg.Counters); err != nil {
 			return err
@@ -348,7 +348,7 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 
 // CreateSlotSQL creates walcount's slot ($1) and returns its consistent
 // point. From PostgreSQL 17 on the slot is a failover slot: standbys that
-// synchronise slots keep a copy, so that it survives a failover (DESIGN
+// synchronise slots keep a copy, so that it survives a failover (design
 // rule 16).
 func CreateSlotSQL(v pgversion.Version) string {
 	if v.FailoverSlots() {

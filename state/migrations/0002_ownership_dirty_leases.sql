@@ -1,7 +1,7 @@
 -- Version 2: who owns each counter column, what walcount cannot vouch for,
 -- and which daemon executes a reconciliation run.
 
--- One slot keeps each target column (DESIGN rule 15): a second deployment
+-- One slot keeps each target column (design rule 15): a second deployment
 -- claiming the same column would count every change twice.
 CREATE TABLE walcount.owners (
     target_table  text NOT NULL,
@@ -13,7 +13,7 @@ CREATE TABLE walcount.owners (
 );
 
 -- Counters, or single keys of them, whose history walcount could not see
--- whole (DESIGN rule 14): each is reconciled exactly, then cleared. A NULL
+-- whole (design rule 14): each is reconciled exactly, then cleared. A NULL
 -- key marks the whole counter.
 CREATE TABLE walcount.dirty (
     id        bigserial PRIMARY KEY,
@@ -38,3 +38,19 @@ ALTER TABLE walcount.reconcile_runs
 -- The publication each slot reads, so that teardown drops a publication
 -- only when no other slot uses it.
 ALTER TABLE walcount.checkpoint ADD COLUMN publication text;
+
+-- The leaf partitions of each partitioned source as walcount last saw them
+-- (design rule 14): DETACH, DROP and TRUNCATE of one partition, and ATTACH
+-- of a table with rows, change a source's rows without row-level changes
+-- in the WAL. A leaf gone, rewritten (a new relfilenode), attached again
+-- (new pg_inherits rows: attached holds their xmins) or attached with rows
+-- since marks its counter dirty.
+CREATE TABLE walcount.partitions (
+    slot_name   text NOT NULL,
+    counter     text NOT NULL,
+    leaf        oid  NOT NULL,
+    name        text NOT NULL,
+    relfilenode oid  NOT NULL,
+    attached    text NOT NULL,
+    PRIMARY KEY (slot_name, counter, leaf)
+);

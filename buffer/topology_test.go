@@ -1,0 +1,77 @@
+package buffer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/walcount/walcount/buffer/buffertest"
+	"github.com/walcount/walcount/internal/redisconn"
+	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testenv"
+)
+
+// leastPrivilege returns the ACL user "walcount" with exactly the rules
+// walcount documents for a deployment of url's topology.
+func leastPrivilege(t *testing.T, url string) servers.RedisUser {
+	t.Helper()
+	o, err := redisconn.Parse(url, redisconn.TLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return servers.RedisUser{Name: "walcount", Password: "walcount-secret", Rules: strings.Fields(redisconn.ACLRules(o))}
+}
+
+// topologyClient returns a contract client factory for url with the TLS
+// settings tlsOpt, made by redisconn as walcount makes its clients.
+func topologyClient(url string, tlsOpt redisconn.TLSOptions) buffertest.Client {
+	return func(t *testing.T) redis.UniversalClient {
+		o, err := redisconn.Parse(url, tlsOpt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb := redisconn.New(o, nil)
+		t.Cleanup(func() { rdb.Close() })
+		if err := rdb.Ping(context.Background()).Err(); err != nil {
+			t.Fatalf("PING %s: %v", o.Redacted(), err)
+		}
+		return rdb
+	}
+}
+
+// TestContractCluster runs the buffer contract on a Redis Cluster of three
+// masters with a replica each, as a user with walcount's least-privilege
+// ACL rules: the scripts' keys share one hash tag, so every script runs on
+// one node.
+func TestContractCluster(t *testing.T) {
+	t.Parallel()
+	user := leastPrivilege(t, "redis+cluster://h:1")
+	c := testenv.RedisCluster(t, servers.RedisClusterOptions{Masters: 3, ReplicasPerMaster: 1, Users: []servers.RedisUser{user}})
+	buffertest.Run(t, topologyClient(c.URL(), redisconn.TLSOptions{}))
+}
+
+// TestContractSentinel runs the buffer contract on a primary found through
+// three password-protected sentinels, as a user with walcount's
+// least-privilege ACL rules.
+func TestContractSentinel(t *testing.T) {
+	t.Parallel()
+	user := leastPrivilege(t, "redis+sentinel://h:1/walcount")
+	s := testenv.RedisSentinel(t, servers.RedisSentinelOptions{MasterName: "walcount", Replicas: 1, Sentinels: 3,
+		Users: []servers.RedisUser{user}, SentinelPassword: "sentinel-secret"})
+	if !strings.Contains(s.URL(), "sentinel_password=") {
+		t.Fatal("the sentinel URL carries no sentinel_password")
+	}
+	buffertest.Run(t, topologyClient(s.URL(), redisconn.TLSOptions{}))
+}
+
+// TestContractTLS runs the buffer contract on a TLS-only Redis whose
+// default user is off, as a user with walcount's least-privilege ACL
+// rules, trusting only the test's CA.
+func TestContractTLS(t *testing.T) {
+	t.Parallel()
+	user := leastPrivilege(t, "redis://h:1/0")
+	r := testenv.RedisTLS(t, user, servers.RedisUser{Name: "default", Rules: []string{"off"}})
+	buffertest.Run(t, topologyClient(r.URL(), redisconn.TLSOptions{CAFile: r.TLS().CAFile}))
+}

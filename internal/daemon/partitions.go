@@ -1,0 +1,100 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/state"
+)
+
+// watchPartitions compares the leaf partitions of every partitioned source
+// with those saved in walcount's state, every slot poll interval while
+// this daemon streams. DETACH PARTITION, DROP of a partition, TRUNCATE of
+// one partition (which pgoutput does not publish when the publication
+// publishes through the root) and ATTACH of a table that has rows change
+// a source's rows without a row-level change in the WAL; any of them marks
+// the counter dirty, and the reconciler repairs it (design rule 14).
+func (d *Daemon) watchPartitions(ctx context.Context) {
+	t := time.NewTicker(d.cfg.SlotSettings.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !d.streaming() {
+			continue
+		}
+		for _, c := range d.cfg.Counters {
+			if err := d.checkPartitions(ctx, c); err != nil && ctx.Err() == nil {
+				d.log.Debug("cannot compare a source's partitions", zap.String("counter", c.Name), zap.Error(err))
+			}
+		}
+	}
+}
+
+// checkPartitions compares one counter's source with its saved leaves,
+// marks the counter dirty when rows changed without WAL, and saves the
+// leaves as they are now, in one transaction.
+func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
+	ctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	schema, name := counter.SplitTable(c.Source)
+	source := pgx.Identifier{schema, name}.Sanitize()
+	now, partitioned, err := state.ReadLeaves(ctx, d.pool, source)
+	if err != nil || !partitioned {
+		return err
+	}
+	saved, ok, err := state.SavedLeaves(ctx, d.pool, d.cfg.Slot, c.Name)
+	if err != nil {
+		return err
+	}
+	var changes []string
+	if ok {
+		var added []state.Leaf
+		changes, added = state.LeafChanges(saved, now)
+		for _, l := range added {
+			if !l.Preexisting {
+				continue // created as a partition: its rows came through the WAL
+			}
+			var rows bool
+			// The name is regclass's output: quoted where it needs to be.
+			if err := d.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+l.Name+")").Scan(&rows); err != nil {
+				return fmt.Errorf("read partition %s: %w", l.Name, err)
+			}
+			if rows {
+				changes = append(changes, fmt.Sprintf("partition %s attached with rows", l.Name))
+			}
+		}
+		if len(changes) == 0 && len(added) == 0 {
+			return nil
+		}
+	}
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if len(changes) > 0 {
+		if err := state.MarkDirty(ctx, tx, d.cfg.Slot, c.Name, nil, state.FormatLeafChanges(c.Source, changes)); err != nil {
+			return err
+		}
+	}
+	if err := state.SaveLeaves(ctx, tx, d.cfg.Slot, c.Name, now); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if len(changes) > 0 {
+		d.log.Warn("a source's partitions changed without row-level changes in the WAL; the counter is marked dirty and will be reconciled",
+			zap.String("counter", c.Name), zap.Strings("changes", changes))
+	}
+	return nil
+}

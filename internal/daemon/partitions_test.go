@@ -1,0 +1,116 @@
+package daemon
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/walcount/walcount/state"
+)
+
+// partitionedSchema is schema with likes partitioned by post.
+const partitionedSchema = `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0, PRIMARY KEY (id, post_id)) PARTITION BY RANGE (post_id);
+CREATE TABLE likes_a PARTITION OF likes FOR VALUES FROM (1) TO (18);
+CREATE TABLE likes_b PARTITION OF likes FOR VALUES FROM (18) TO (35);
+CREATE TABLE likes_c PARTITION OF likes FOR VALUES FROM (35) TO (52);
+ALTER TABLE likes REPLICA IDENTITY FULL;
+ALTER TABLE likes_a REPLICA IDENTITY FULL;
+ALTER TABLE likes_b REPLICA IDENTITY FULL;
+ALTER TABLE likes_c REPLICA IDENTITY FULL;
+CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
+`
+
+// TestPartitionedSource counts a partitioned likes under churn through
+// DDL that changes its rows without row-level changes in the WAL: TRUNCATE
+// of one partition, DETACH, ATTACH of a table with rows, DROP of a
+// partition, and a TRUNCATE of the whole table. After each, the counts are
+// exact again with no command typed: walcount sees the partitions change,
+// marks the counter dirty and reconciles it.
+func TestPartitionedSource(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, partitionedSchema, nil)
+	ctx := context.Background()
+	d := e.start()
+	waitRun(t, d, 0)
+	w := newWorkload(e.db)
+	w.run(ctx, 2, 100)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+
+	steps := []struct {
+		name string
+		ddl  []string
+	}{
+		{"truncate one partition", []string{"TRUNCATE likes_a"}},
+		{"detach a partition", []string{"ALTER TABLE likes DETACH PARTITION likes_b"}},
+		{"attach a table with rows", []string{"ALTER TABLE likes ATTACH PARTITION likes_b FOR VALUES FROM (18) TO (35)"}},
+		// Faster than a poll: the partition set looks the same after.
+		{"detach, write, attach again", []string{
+			"ALTER TABLE likes DETACH PARTITION likes_a",
+			"INSERT INTO likes_a (post_id) SELECT 1 + g % 17 FROM generate_series(1, 40) g",
+			"ALTER TABLE likes ATTACH PARTITION likes_a FOR VALUES FROM (1) TO (18)",
+		}},
+		{"drop a partition", []string{"DROP TABLE likes_c"}},
+		{"create an empty partition", []string{
+			"CREATE TABLE likes_c PARTITION OF likes FOR VALUES FROM (35) TO (52)",
+			"ALTER TABLE likes_c REPLICA IDENTITY FULL",
+		}},
+		{"truncate the whole table", []string{"TRUNCATE likes"}},
+	}
+	for _, s := range steps {
+		load, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for load.Err() == nil {
+				w.run(load, 2, 10)
+			}
+		})
+		time.Sleep(300 * time.Millisecond)
+		if s.name == "drop a partition" || s.name == "detach a partition" {
+			// likes_c must hold rows when it goes.
+			e.exec("INSERT INTO likes (post_id) SELECT 35 + g % 15 FROM generate_series(1, 30) g")
+		}
+		var before int
+		if err := e.db.QueryRow(ctx, "SELECT count(*) FROM walcount.reconcile_runs WHERE kind = 'dirty' AND status = 'done'").Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		for _, ddl := range s.ddl {
+			e.exec(ddl)
+		}
+		marked := time.Now()
+		time.Sleep(300 * time.Millisecond)
+		stop()
+		wg.Wait()
+		if s.name == "create an empty partition" {
+			// No rows bypassed the WAL: nothing to repair.
+			e.waitCaughtUp(catchUp)
+			time.Sleep(3 * e.cfg.SlotSettings.PollInterval)
+			marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(marks) != 0 {
+				t.Errorf("%s: marked dirty: %+v", s.name, marks)
+			}
+			e.assertExact()
+			continue
+		}
+		waitFor(t, s.name+": a repair", func() bool {
+			var done int
+			_ = e.db.QueryRow(ctx, "SELECT count(*) FROM walcount.reconcile_runs WHERE kind = 'dirty' AND status = 'done'").Scan(&done)
+			marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot)
+			return err == nil && len(marks) == 0 && done > before
+		})
+		e.waitCaughtUp(catchUp)
+		t.Logf("%s: repaired %s after the DDL", s.name, time.Since(marked).Round(time.Millisecond))
+		e.assertExact()
+	}
+	w.report(t)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,208 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/cdc"
+)
+
+// Defaults of StandbyGate.
+const (
+	// DefaultGatePoll is how often the gate reads the standbys' position
+	// while a W waits for them.
+	DefaultGatePoll = 100 * time.Millisecond
+	// DefaultGateRefresh is how often the gate rereads
+	// synchronized_standby_slots.
+	DefaultGateRefresh = 10 * time.Second
+)
+
+// GateQuerier reads; *pgxpool.Pool fits.
+type GateQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// StandbyGate holds W back from the slot until the flush transaction that
+// wrote it is on every standby that can carry the slot (design rule 16).
+//
+// W lives in the same database as the counters. After a failover the new
+// primary holds the W of its copy, which may be older; if its copy of the
+// slot (synchronised from PostgreSQL 17 on) had been confirmed past that W,
+// the server would skip the changes in between, and their deltas would be
+// lost for good. So a new W is confirmed only once every physical slot
+// named in synchronized_standby_slots has flushed the WAL past the flush's
+// commit; until then the previous W is confirmed. A standby that lags makes
+// the slot's lag grow, visibly, never the counts wrong. Without
+// synchronized_standby_slots (or before PostgreSQL 17) W passes at once.
+type StandbyGate struct {
+	q   GateQuerier
+	ack AckFunc
+	log *zap.Logger
+	// Poll and Refresh: defaults DefaultGatePoll and DefaultGateRefresh.
+	Poll, Refresh time.Duration
+
+	mu        sync.Mutex
+	slots     []string
+	slotsRead time.Time
+	pending   []gated // in W order
+	latest    cdc.LSN // the last W committed
+	released  cdc.LSN // the last W confirmed
+	kick      chan struct{}
+}
+
+// gated is a W waiting for the standbys to pass c, its flush's commit.
+type gated struct{ w, c cdc.LSN }
+
+// NewStandbyGate returns a gate that passes W to ack.
+func NewStandbyGate(q GateQuerier, ack AckFunc, log *zap.Logger) *StandbyGate {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &StandbyGate{q: q, ack: ack, log: log, Poll: DefaultGatePoll, Refresh: DefaultGateRefresh, kick: make(chan struct{}, 1)}
+}
+
+// Committed is the flusher's AckFunc: W committed. It passes W on at once
+// when no standby must carry the slot, and queues it otherwise.
+func (g *StandbyGate) Committed(w cdc.LSN) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	slots, err := g.standbySlots(ctx)
+	if err == nil && len(slots) == 0 {
+		g.pass(w)
+		return
+	}
+	// The commit ends before the insert position read after it. When it
+	// cannot be read, W waits for the next flush, which carries a later
+	// W and reads again.
+	var c cdc.LSN
+	if err == nil {
+		err = g.q.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&c)
+	}
+	g.mu.Lock()
+	g.latest = max(g.latest, w)
+	if err == nil {
+		g.pending = append(g.pending, gated{w: w, c: c})
+	}
+	g.mu.Unlock()
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pass confirms w and everything queued below it.
+func (g *StandbyGate) pass(w cdc.LSN) {
+	g.mu.Lock()
+	g.latest = max(g.latest, w)
+	g.released = max(g.released, w)
+	i := 0
+	for i < len(g.pending) && g.pending[i].w <= w {
+		i++
+	}
+	g.pending = g.pending[i:]
+	g.mu.Unlock()
+	g.ack(w)
+}
+
+// Held returns how far the confirmed W is behind the committed one, in
+// bytes of WAL: what waits for the standbys.
+func (g *StandbyGate) Held() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.latest <= g.released {
+		return 0
+	}
+	return int64(g.latest - g.released)
+}
+
+// Slots returns the physical slots the gate waits for.
+func (g *StandbyGate) Slots() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.slots...)
+}
+
+// standbySlots returns synchronized_standby_slots, reread every Refresh.
+func (g *StandbyGate) standbySlots(ctx context.Context) ([]string, error) {
+	g.mu.Lock()
+	if !g.slotsRead.IsZero() && time.Since(g.slotsRead) < g.Refresh {
+		s := g.slots
+		g.mu.Unlock()
+		return s, nil
+	}
+	g.mu.Unlock()
+	var setting string
+	// The setting exists from PostgreSQL 17 on; before, missing_ok gives
+	// NULL and no standby can carry a logical slot anyway.
+	if err := g.q.QueryRow(ctx, `SELECT coalesce(current_setting('synchronized_standby_slots', true), '')`).Scan(&setting); err != nil {
+		return nil, fmt.Errorf("read synchronized_standby_slots: %w", err)
+	}
+	var slots []string
+	for _, s := range strings.Split(setting, ",") {
+		if s = strings.Trim(strings.TrimSpace(s), `"`); s != "" {
+			slots = append(slots, s)
+		}
+	}
+	g.mu.Lock()
+	g.slots, g.slotsRead = slots, time.Now()
+	g.mu.Unlock()
+	return slots, nil
+}
+
+// Run releases the queued Ws as the standbys pass them, until ctx is
+// done. A slot named in synchronized_standby_slots that does not exist
+// never passes: PostgreSQL itself waits for it too.
+func (g *StandbyGate) Run(ctx context.Context) error {
+	t := time.NewTicker(g.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-g.kick:
+		case <-t.C:
+		}
+		g.mu.Lock()
+		waiting := len(g.pending) > 0
+		g.mu.Unlock()
+		if !waiting {
+			continue
+		}
+		slots, err := g.standbySlots(ctx)
+		if err != nil {
+			continue
+		}
+		if len(slots) == 0 {
+			// The setting was cleared: nothing to wait for.
+			g.mu.Lock()
+			w := g.latest
+			g.mu.Unlock()
+			g.pass(w)
+			continue
+		}
+		var flushed *cdc.LSN
+		err = g.q.QueryRow(ctx, `SELECT CASE WHEN count(*) = cardinality($1::text[]) THEN min(restart_lsn)::text END
+FROM pg_replication_slots WHERE slot_name = ANY ($1) AND slot_type = 'physical'`, slots).Scan(&flushed)
+		if err != nil || flushed == nil {
+			continue
+		}
+		g.mu.Lock()
+		var w cdc.LSN
+		for _, p := range g.pending {
+			if p.c > *flushed {
+				break
+			}
+			w = p.w
+		}
+		g.mu.Unlock()
+		if w != 0 {
+			g.pass(w)
+		}
+	}
+}
