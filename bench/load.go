@@ -88,24 +88,34 @@ func (r runResult) tps() float64 { return float64(r.txns) / r.elapsed.Seconds() 
 // quantile returns the q-quantile of the latencies, which are sorted.
 func (r runResult) quantile(q float64) time.Duration { return stats.Quantile(r.latencies, q) }
 
-// closedLoop runs clients that each write likes back to back for
-// warmup+measure; what completes inside the measurement window counts.
-func closedLoop(ctx context.Context, url string, clients int, w workload, st style, warmup, measure time.Duration) (runResult, error) {
-	conns := make([]*pgx.Conn, clients)
-	defer func() {
+// connectAll opens n connections to url; closeAll closes them. On an error
+// the ones opened are closed.
+func connectAll(ctx context.Context, url string, n int) (conns []*pgx.Conn, closeAll func(), err error) {
+	conns = make([]*pgx.Conn, n)
+	closeAll = func() {
 		for _, c := range conns {
 			if c != nil {
 				c.Close(context.Background())
 			}
 		}
-	}()
-	for i := range conns {
-		c, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return runResult{}, err
-		}
-		conns[i] = c
 	}
+	for i := range conns {
+		if conns[i], err = pgx.Connect(ctx, url); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+	}
+	return conns, closeAll, nil
+}
+
+// closedLoop runs clients that each write likes back to back for
+// warmup+measure; what completes inside the measurement window counts.
+func closedLoop(ctx context.Context, url string, clients int, w workload, st style, warmup, measure time.Duration) (runResult, error) {
+	conns, closeAll, err := connectAll(ctx, url, clients)
+	if err != nil {
+		return runResult{}, err
+	}
+	defer closeAll()
 	begin := time.Now()
 	from, until := begin.Add(warmup), begin.Add(warmup+measure)
 	type clientResult struct {

@@ -16,8 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/reconcile"
@@ -424,21 +422,11 @@ func writeDuringPass(ctx context.Context, c *cluster, wc *walcountProc, posts in
 // writeLoop runs reconcileWriteConns clients that insert likes on random
 // posts back to back, for window or until stop closes.
 func writeLoop(ctx context.Context, url string, posts int64, window time.Duration, stop <-chan struct{}) (loopResult, error) {
-	conns := make([]*pgx.Conn, reconcileWriteConns)
-	defer func() {
-		for _, c := range conns {
-			if c != nil {
-				c.Close(context.Background())
-			}
-		}
-	}()
-	for i := range conns {
-		c, err := pgx.Connect(ctx, url)
-		if err != nil {
-			return loopResult{}, err
-		}
-		conns[i] = c
+	conns, closeAll, err := connectAll(ctx, url, reconcileWriteConns)
+	if err != nil {
+		return loopResult{}, err
 	}
+	defer closeAll()
 	var n atomic.Int64
 	var stopped atomic.Bool
 	errs := make([]error, len(conns))

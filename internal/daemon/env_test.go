@@ -158,6 +158,23 @@ func (r *running) wait(t testing.TB, within time.Duration) error {
 	return r.err
 }
 
+// restartWith restarts PostgreSQL (fast) with settings, and drops the
+// pool's connections the restart closed.
+func (e *env) restartWith(settings map[string]string) {
+	e.t.Helper()
+	ctx := context.Background()
+	if err := e.pg.Stop(ctx, servers.StopFast); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.pg.SetSettings(ctx, settings); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.pg.Start(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	e.db.Reset()
+}
+
 // mark emits a logical message and returns its LSN: once the checkpoint
 // passes it, every transaction committed before mark is applied.
 func (e *env) mark() cdc.LSN {

@@ -628,16 +628,7 @@ func TestLostSlotStopsDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := e.pg.Stop(ctx, "fast"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.pg.SetSettings(ctx, map[string]string{"max_slot_wal_keep_size": "1MB"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.pg.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	e.db.Reset() // drop the connections the restart closed
+	e.restartWith(map[string]string{"max_slot_wal_keep_size": "1MB"})
 	loseSlot(t, e)
 
 	s := e.serve()

@@ -116,16 +116,7 @@ func TestLostSlotRecreated(t *testing.T) {
 	if err := first.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.pg.Stop(ctx, "fast"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.pg.SetSettings(ctx, map[string]string{"max_slot_wal_keep_size": "1MB"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.pg.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	e.db.Reset()
+	e.restartWith(map[string]string{"max_slot_wal_keep_size": "1MB"})
 	loseSlot(t, e) // writes likes while the slot is lost
 	start := time.Now()
 	d := e.start()
