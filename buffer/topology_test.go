@@ -75,3 +75,37 @@ func TestContractTLS(t *testing.T) {
 	r := testenv.RedisTLS(t, user, servers.RedisUser{Name: "default", Rules: []string{"off"}})
 	buffertest.Run(t, topologyClient(r.URL(), redisconn.TLSOptions{CAFile: r.TLS().CAFile}))
 }
+
+// TestContractClusterTLS is TestContractCluster over TLS (rediss+cluster):
+// TLS-only nodes, cluster bus and replication included, trusting only the
+// test's CA.
+func TestContractClusterTLS(t *testing.T) {
+	t.Parallel()
+	user := leastPrivilege(t, "rediss+cluster://h:1")
+	files, err := servers.MakeTLSFiles(t.TempDir(), "walcount")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testenv.RedisCluster(t, servers.RedisClusterOptions{Masters: 3, ReplicasPerMaster: 1, TLS: &files, Users: []servers.RedisUser{user}})
+	if !strings.HasPrefix(c.URL(), "rediss+cluster://") {
+		t.Fatalf("URL %s is not rediss+cluster", c.URL())
+	}
+	buffertest.Run(t, topologyClient(c.URL(), redisconn.TLSOptions{CAFile: files.CAFile}))
+}
+
+// TestContractSentinelTLS is TestContractSentinel over TLS
+// (rediss+sentinel): the sentinels and the data nodes speak TLS only.
+func TestContractSentinelTLS(t *testing.T) {
+	t.Parallel()
+	user := leastPrivilege(t, "rediss+sentinel://h:1/walcount")
+	files, err := servers.MakeTLSFiles(t.TempDir(), "walcount")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := testenv.RedisSentinel(t, servers.RedisSentinelOptions{MasterName: "walcount", Replicas: 1, Sentinels: 3, TLS: &files,
+		Users: []servers.RedisUser{user}, SentinelPassword: "sentinel-secret"})
+	if !strings.HasPrefix(s.URL(), "rediss+sentinel://") {
+		t.Fatalf("URL %s is not rediss+sentinel", s.URL())
+	}
+	buffertest.Run(t, topologyClient(s.URL(), redisconn.TLSOptions{CAFile: files.CAFile}))
+}
