@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -19,8 +20,49 @@ type Eviction struct {
 }
 
 // ReadEviction reads the eviction settings. Managed Redis services often
-// refuse CONFIG; the error says so and the caller reports nothing.
+// refuse CONFIG; the error says so and the caller reports nothing. On a
+// Cluster it reads every master and returns the riskiest, since any of them
+// may hold walcount's keys after a resharding or a failover.
 func ReadEviction(ctx context.Context, rdb redis.UniversalClient) (Eviction, error) {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return readEviction(ctx, rdb)
+	}
+	var mu sync.Mutex
+	var worst *Eviction
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		e, err := readEviction(ctx, node)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if worst == nil || e.risk() > worst.risk() {
+			worst = &e
+		}
+		return nil
+	})
+	if err != nil {
+		return Eviction{}, err
+	}
+	if worst == nil {
+		return Eviction{Policy: "noeviction"}, nil
+	}
+	return *worst, nil
+}
+
+// risk orders settings from harmless (0) to evicting now (2).
+func (e Eviction) risk() int {
+	switch {
+	case !e.Risky():
+		return 0
+	case !e.Limited():
+		return 1
+	}
+	return 2
+}
+
+func readEviction(ctx context.Context, rdb redis.Cmdable) (Eviction, error) {
 	cfg, err := rdb.ConfigGet(ctx, "maxmemory*").Result()
 	if err != nil {
 		return Eviction{}, fmt.Errorf("read redis maxmemory settings: %w", err)

@@ -230,6 +230,13 @@ func New(rdb redis.UniversalClient, slot string) *Redis {
 	return &Redis{rdb: rdb, keys: KeysFor(slot)}
 }
 
+// Ping checks that the Redis node holding the slot's keys answers. On a
+// Cluster a PING goes to any node; this reads the meta key, so it asks the
+// node that matters.
+func (b *Redis) Ping(ctx context.Context) error {
+	return b.rdb.Exists(ctx, b.keys.Meta).Err()
+}
+
 // Keys returns the buffer's keys.
 func (b *Redis) Keys() Keys { return b.keys }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/buffer/buffertest"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/servers"
@@ -108,4 +109,38 @@ func TestContractSentinelTLS(t *testing.T) {
 		t.Fatalf("URL %s is not rediss+sentinel", s.URL())
 	}
 	buffertest.Run(t, topologyClient(s.URL(), redisconn.TLSOptions{CAFile: files.CAFile}))
+}
+
+// TestEvictionOnCluster: ReadEviction reads every master of a Cluster and
+// reports the riskiest, since any of them may come to hold walcount's keys.
+func TestEvictionOnCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.RedisCluster(t, servers.RedisClusterOptions{Masters: 3})
+	rdb := topologyClient(c.URL(), redisconn.TLSOptions{})(t)
+	e, err := buffer.ReadEviction(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Risky() {
+		t.Fatalf("a fresh cluster reads as risky: %+v", e)
+	}
+	masters, err := c.Masters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := c.Admin()
+	node := redis.NewClient(&redis.Options{Addr: masters[len(masters)-1].Addr(), Username: admin.Name, Password: admin.Password})
+	defer node.Close()
+	for _, kv := range [][2]string{{"maxmemory", "100mb"}, {"maxmemory-policy", "allkeys-lru"}} {
+		if err := node.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e, err = buffer.ReadEviction(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Risky() || !e.Limited() || e.Policy != "allkeys-lru" {
+		t.Errorf("one master with allkeys-lru and a limit reads as %+v, want it reported", e)
+	}
 }

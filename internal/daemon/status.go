@@ -375,7 +375,7 @@ func (d *Daemon) Ready(ctx context.Context) error {
 	if err := d.pool.Ping(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("postgres: %w", redactedError{err}))
 	}
-	if err := d.rdb.Ping(ctx).Err(); err != nil {
+	if err := d.buf.Ping(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("redis: %w", redactedError{err}))
 	}
 	if d.mon != nil {
