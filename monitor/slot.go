@@ -121,9 +121,11 @@ func slotQuery(v pgversion.Version) string {
 	case v.SlotInvalidationReason():
 		reason, inactiveSince = "s.invalidation_reason", "s.inactive_since"
 	case v.SlotConflicting():
-		// PostgreSQL 16 says only that a slot on a standby conflicted
-		// with recovery; 17 names it rows_removed or wal_level_insufficient.
-		reason = "CASE WHEN s.conflicting THEN 'conflicting' END"
+		// PostgreSQL 16 says only that a slot conflicted with recovery;
+		// 17 names it rows_removed or wal_level_insufficient. 16 also
+		// sets conflicting for a slot invalidated by WAL removal, the one
+		// invalidation that clears restart_lsn: that one is wal_removed.
+		reason = "CASE WHEN s.conflicting AND s.restart_lsn IS NULL THEN 'wal_removed' WHEN s.conflicting THEN 'conflicting' END"
 	}
 	if v.FailoverSlots() {
 		failover, synced = "coalesce(s.failover, false)", "coalesce(s.synced, false)"
