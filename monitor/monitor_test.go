@@ -141,11 +141,13 @@ func TestReadSlotSpillStats(t *testing.T) {
 // TestMonitorActiveSlotAndLag runs a Monitor while a replication connection
 // streams from the slot without ever confirming anything, as a stuck
 // walcount would: the slot is active, its lag grows past the maximum and
-// LagOK says so.
+// LagOK says so. Lag is measured against the server's WAL position, which
+// every database of a cluster moves, so the test has a server of its own:
+// on the shared one, another test's WAL made the fresh slot lag.
 func TestMonitorActiveSlotAndLag(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	dbURL := testenv.Database(t)
+	dbURL := testenv.Postgres(t).URL()
 	pool := connect(t, dbURL)
 	if _, err := pool.Exec(ctx, `CREATE PUBLICATION lag_pub FOR ALL TABLES`); err != nil {
 		t.Fatal(err)
