@@ -45,6 +45,31 @@ func TestMakeInstall(t *testing.T) {
 	}
 }
 
+// TestReadmeStartsWithDemoAndTest checks that the first two commands of
+// README.md are the whole setup on a fresh machine: make demo, then make
+// test.
+func TestReadmeStartsWithDemoAndTest(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commands []string
+	inCode := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+			continue
+		}
+		if inCode && strings.TrimSpace(line) != "" && len(commands) < 2 {
+			f := strings.Fields(line)
+			commands = append(commands, strings.Join(f[:min(2, len(f))], " "))
+		}
+	}
+	if len(commands) != 2 || commands[0] != "make demo" || commands[1] != "make test" {
+		t.Errorf("README.md's first two commands are %q, want make demo, then make test", commands)
+	}
+}
+
 // TestReadmeSaysHowToInstall checks that README.md's first screen says how
 // to get walcount on PATH before it uses the command.
 func TestReadmeSaysHowToInstall(t *testing.T) {
