@@ -57,9 +57,10 @@ type TxnObserver func(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], 
 // FlushLog holds what each flush applied, so that a flush that crossed a
 // target row's lifecycle event can be followed (see lifecycle.go). Seen
 // returns the deltas of the flush of (…, upto], which committed at at in
-// the stream; false when walcount no longer knows them.
+// the stream, and the fields whose UPDATE hit no row; ok is false when
+// walcount no longer knows them.
 type FlushLog interface {
-	Seen(upto, at cdc.LSN) (map[string]int64, bool)
+	Seen(upto, at cdc.LSN) (deltas map[string]int64, missed map[string]bool, ok bool)
 }
 
 // DegradedFunc is told when a counter can no longer be kept from the

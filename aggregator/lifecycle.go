@@ -33,8 +33,12 @@ import (
 // be applied after a later delete or key change committed, to the wrong
 // row or to none. Every flush therefore emits a marker in its own
 // transaction, whose place in the stream says which lifecycle events it
-// crossed; the flusher's FlushLog holds what it applied, and the
-// aggregator adds the deltas that undo the misplaced part at the marker.
+// crossed; the flusher's FlushLog holds what it applied and which keys
+// hit no row, and the aggregator adds the deltas that undo the misplaced
+// part at the marker. Whether a key hit a row cannot be read from the
+// stream: an UPDATE that waited on the lock of a row deleted and inserted
+// again skips the old row and cannot see the new one, so only the
+// statement knows.
 // Without the record (a restart in between) the keys involved are marked
 // dirty, to be reconciled (design rule 14).
 
@@ -187,6 +191,10 @@ func (a *Aggregator) renamed(field, to string) {
 	} else {
 		l.alias[field] = to
 		delete(l.dead, field)
+		// A row has key to from here on: the deltas on to that follow
+		// are its own, whatever had the key before.
+		delete(l.dead, to)
+		delete(l.alias, to)
 	}
 	l.events = append(l.events, lifeEvent{field: field, to: to})
 }
@@ -237,9 +245,10 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 		return true, nil // another walcount's flush
 	}
 	var deltas map[string]int64
+	var missed map[string]bool
 	known := false
 	if a.opt.Flushes != nil {
-		deltas, known = a.opt.Flushes.Seen(upto, at)
+		deltas, missed, known = a.opt.Flushes.Seen(upto, at)
 	}
 	l := &a.lc
 	i := 0
@@ -263,7 +272,11 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 		if d == 0 {
 			continue
 		}
-		should, went := follow(f, crossed)
+		// A row with key f at the flush's commit is the last one to have
+		// it: a row the UPDATE locked could not be deleted or re-keyed
+		// before the flush committed. So when the key hit a row and the
+		// row it was counted for still has the key, they are the same.
+		should, went := follow(f, crossed), !missed[f]
 		if should == f && went {
 			continue // the same row
 		}
@@ -287,27 +300,16 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 	return true, nil
 }
 
-// follow walks the events of the flush's crossing: should is where the
-// delta on f belonged (the row that had key f at the hand-over, followed
-// through its key changes; "" once deleted), went whether a row with key f
-// existed at the flush's commit (so its UPDATE hit one).
-func follow(f string, events []lifeEvent) (should string, went bool) {
-	should, went = f, true
+// follow walks the events of the flush's crossing: where the delta on f
+// belonged, the row that had key f at the hand-over followed through its
+// key changes; "" once deleted, or when no row had key f then (its first
+// event is an insert).
+func follow(f string, events []lifeEvent) string {
+	should := f
 	first := true
 	for _, e := range events {
-		if e.field == f && e.insert {
-			went = true
-			if first {
-				// An insert of f first: no row had key f at the
-				// hand-over, so the delta had nowhere to go.
-				should = ""
-			}
-		}
-		if !e.insert && e.field == f {
-			went = false
-		}
-		if !e.insert && e.to == f {
-			went = true
+		if e.field == f && e.insert && first {
+			should = ""
 		}
 		if should != "" && !e.insert && e.field == should {
 			should = e.to
@@ -316,5 +318,5 @@ func follow(f string, events []lifeEvent) (should string, went bool) {
 			first = false
 		}
 	}
-	return should, went
+	return should
 }

@@ -1,9 +1,13 @@
 package aggregator
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
-// TestFollow: where a flush's delta for f belonged, and whether its
-// UPDATE hit a row with key f, after the lifecycle events it crossed.
+// TestFollow: where a flush's delta for f belonged after the lifecycle
+// events it crossed. Whether its UPDATE hit a row is the statement's to
+// say (TestFlushBlockedByDeleteAndReinsert).
 func TestFollow(t *testing.T) {
 	del := func(f string) lifeEvent { return lifeEvent{field: f} }
 	ren := func(f, to string) lifeEvent { return lifeEvent{field: f, to: to} }
@@ -12,23 +16,21 @@ func TestFollow(t *testing.T) {
 		name   string
 		events []lifeEvent
 		should string
-		went   bool
 	}{
-		{"nothing happened to f", []lifeEvent{del("c:2")}, "c:1", true},
-		{"deleted", []lifeEvent{del("c:1")}, "", false},
-		{"deleted and inserted again", []lifeEvent{del("c:1"), ins("c:1")}, "", true},
-		{"renamed", []lifeEvent{ren("c:1", "c:9")}, "c:9", false},
-		{"renamed, and a new row takes the key", []lifeEvent{ren("c:1", "c:9"), ins("c:1")}, "c:9", true},
-		{"renamed and back", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:1")}, "c:1", true},
-		{"renamed, then deleted", []lifeEvent{ren("c:1", "c:9"), del("c:9")}, "", false},
-		{"renamed twice", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:7")}, "c:7", false},
-		{"another row renamed onto the key", []lifeEvent{del("c:1"), ren("c:5", "c:1")}, "", true},
-		{"inserted first: no row at the hand-over", []lifeEvent{ins("c:1")}, "", true},
+		{"nothing happened to f", []lifeEvent{del("c:2")}, "c:1"},
+		{"deleted", []lifeEvent{del("c:1")}, ""},
+		{"deleted and inserted again", []lifeEvent{del("c:1"), ins("c:1")}, ""},
+		{"renamed", []lifeEvent{ren("c:1", "c:9")}, "c:9"},
+		{"renamed, and a new row takes the key", []lifeEvent{ren("c:1", "c:9"), ins("c:1")}, "c:9"},
+		{"renamed and back", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:1")}, "c:1"},
+		{"renamed, then deleted", []lifeEvent{ren("c:1", "c:9"), del("c:9")}, ""},
+		{"renamed twice", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:7")}, "c:7"},
+		{"another row renamed onto the key", []lifeEvent{del("c:1"), ren("c:5", "c:1")}, ""},
+		{"inserted first: no row at the hand-over", []lifeEvent{ins("c:1")}, ""},
 	}
 	for _, tt := range tests {
-		should, went := follow("c:1", tt.events)
-		if should != tt.should || went != tt.went {
-			t.Errorf("%s: follow = %q, %v; want %q, %v", tt.name, should, went, tt.should, tt.went)
+		if should := follow("c:1", tt.events); should != tt.should {
+			t.Errorf("%s: follow = %q; want %q", tt.name, should, tt.should)
 		}
 	}
 }
@@ -46,5 +48,40 @@ func TestDeltaSetMove(t *testing.T) {
 	got := d.toMap()
 	if len(got) != 1 || got["c:9"] != 4 {
 		t.Fatalf("after the moves: %v, want c:9=4 only", got)
+	}
+}
+
+// TestRedirectInTransaction: where a delta on a key goes after the
+// transaction's own lifecycle events; "" is dropped.
+func TestRedirectInTransaction(t *testing.T) {
+	type step struct{ field, to string } // to "" deletes; field "+x" inserts x
+	tests := []struct {
+		name  string
+		steps []step
+		want  map[string]string
+	}{
+		{"deleted", []step{{"c:6", ""}}, map[string]string{"c:6": ""}},
+		{"deleted, inserted again", []step{{"c:6", ""}, {"+c:6", ""}}, map[string]string{"c:6": "c:6"}},
+		{"moved", []step{{"c:6", "c:9"}}, map[string]string{"c:6": "c:9", "c:9": "c:9"}},
+		{"moved away, another row moved onto the key", []step{{"c:6", "c:9"}, {"c:5", "c:6"}},
+			map[string]string{"c:6": "c:6", "c:5": "c:6", "c:9": "c:9"}},
+		{"deleted, another row moved onto the key", []step{{"c:6", ""}, {"c:5", "c:6"}},
+			map[string]string{"c:6": "c:6", "c:5": "c:6"}},
+		{"moved and back", []step{{"c:6", "c:9"}, {"c:9", "c:6"}}, map[string]string{"c:6": "c:6", "c:9": "c:6"}},
+	}
+	for _, tt := range tests {
+		a := &Aggregator{lc: newLifecycle(), txn: newDeltaSet()}
+		for _, s := range tt.steps {
+			if f, ok := strings.CutPrefix(s.field, "+"); ok {
+				a.inserted(f)
+			} else {
+				a.renamed(s.field, s.to)
+			}
+		}
+		for field, want := range tt.want {
+			if got := a.lc.redirect(field); got != want {
+				t.Errorf("%s: a delta on %s goes to %q, want %q", tt.name, field, got, want)
+			}
+		}
 	}
 }

@@ -142,7 +142,8 @@ type Resolved struct {
 	Scale int
 	// IntKey is true for integer target keys, which sort numerically.
 	IntKey bool
-	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]).
+	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]). It
+	// returns the keys (of $1) whose delta hit no row.
 	Flush string
 	// Reset zeroes the column (a TRUNCATE of the source).
 	Reset string

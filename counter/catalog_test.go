@@ -67,12 +67,16 @@ CREATE TABLE likes (post_id `+tc.keyType+`)`)
 			// The last key has no row: its delta is dropped, not an error.
 			keys := append(append([]string(nil), tc.keys...), missingKey(tc.keyType))
 			deltas := []int64{3, -2, 1, 5}
-			tag, err := conn.Exec(ctx, tgt.Flush, keys, deltas)
+			rows, err := conn.Query(ctx, tgt.Flush, keys, deltas)
 			if err != nil {
 				t.Fatalf("update: %v", err)
 			}
-			if tag.RowsAffected() != 3 {
-				t.Errorf("rows affected = %d, want 3", tag.RowsAffected())
+			missed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatalf("update: %v", err)
+			}
+			if len(missed) != 1 || missed[0] != keys[3] {
+				t.Errorf("keys that hit no row = %q, want [%q]", missed, keys[3])
 			}
 			for i, k := range tc.keys {
 				var got int64

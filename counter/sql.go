@@ -19,10 +19,13 @@ func (r *Resolved) buildSQL(src, tgt *Table, key, tkey Column) error {
 
 	// The flush statement (design rule 2): one round trip per chunk of keys,
 	// sorted by the caller so two flushes never lock rows in opposite
-	// orders.
-	r.Flush = fmt.Sprintf(`UPDATE %s AS t SET %s = t.%s + %s
-FROM (SELECT u.k::%s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)) AS d
-WHERE t.%s = d.id`, tgt.Ident(), col, col, deltaExpr(r.Scale), tkey.Full, tkeyID)
+	// orders. It returns the keys whose UPDATE hit no row: only the
+	// statement knows, because a row deleted (or re-keyed) and inserted
+	// again while the UPDATE waited on its lock is skipped, the new row
+	// being newer than the statement's snapshot (design rule 17).
+	r.Flush = fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
+hit AS (UPDATE %s AS t SET %s = t.%s + %s FROM d WHERE t.%s = d.id RETURNING d.k)
+SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, col, deltaExpr(r.Scale), tkeyID)
 	r.Reset = fmt.Sprintf(`UPDATE %s SET %s = 0 WHERE %s IS DISTINCT FROM 0`, tgt.Ident(), col, col)
 
 	value := "count(*)"

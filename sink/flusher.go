@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -357,18 +358,26 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
 		}
 	}
+	var missed map[string]bool
 	for _, b := range batches {
 		var flushed, dropped int64
 		for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
 			hi := min(lo+f.opt.ChunkSize, len(b.keys))
-			tag, err := tx.Exec(ctx, b.t.Flush, b.keys[lo:hi], b.deltas[lo:hi])
+			rows, err := tx.Query(ctx, b.t.Flush, b.keys[lo:hi], b.deltas[lo:hi])
 			if err != nil {
 				return false, fmt.Errorf("update counter %s: %w", b.t.Counter.Name, err)
 			}
-			n := int64(hi - lo)
-			flushed += n
-			if d := n - tag.RowsAffected(); d > 0 {
-				dropped += d
+			keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return false, fmt.Errorf("update counter %s: %w", b.t.Counter.Name, err)
+			}
+			flushed += int64(hi - lo)
+			dropped += int64(len(keys))
+			for _, k := range keys {
+				if missed == nil {
+					missed = map[string]bool{}
+				}
+				missed[counter.Field(b.t.Counter.Name, k)] = true
 			}
 		}
 		f.opt.Metrics.DeltasFlushed.WithLabelValues(b.t.Counter.Name).Add(float64(flushed - dropped))
@@ -389,7 +398,7 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 		if _, err := cdc.EmitMessage(ctx, tx, cdc.FlushMarker(f.opt.Slot, upto)); err != nil {
 			return false, fmt.Errorf("flush marker: %w", err)
 		}
-		f.opt.FlushLog.add(upto, fields)
+		f.opt.FlushLog.add(upto, fields, missed)
 	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		f.opt.FlushLog.drop(upto)

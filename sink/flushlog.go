@@ -19,19 +19,21 @@ type FlushLog struct {
 
 type flushRecord struct {
 	deltas map[string]int64
-	seenAt cdc.LSN // where the stream saw the flush's marker; 0 until then
+	missed map[string]bool // fields whose UPDATE hit no row
+	seenAt cdc.LSN         // where the stream saw the flush's marker; 0 until then
 }
 
 // NewFlushLog returns an empty log.
 func NewFlushLog() *FlushLog { return &FlushLog{recs: map[cdc.LSN]*flushRecord{}} }
 
-// add records the deltas of the flush of (…, upto] before its commit.
-func (l *FlushLog) add(upto cdc.LSN, deltas map[string]int64) {
+// add records the deltas of the flush of (…, upto] before its commit, and
+// the fields whose UPDATE hit no row.
+func (l *FlushLog) add(upto cdc.LSN, deltas map[string]int64, missed map[string]bool) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	l.recs[upto] = &flushRecord{deltas: deltas}
+	l.recs[upto] = &flushRecord{deltas: deltas, missed: missed}
 	l.mu.Unlock()
 }
 
@@ -46,20 +48,20 @@ func (l *FlushLog) drop(upto cdc.LSN) {
 }
 
 // Seen returns the deltas of the flush of (…, upto], whose marker the
-// stream met at at; false when they are not known (walcount restarted in
-// between).
-func (l *FlushLog) Seen(upto, at cdc.LSN) (map[string]int64, bool) {
+// stream met at at, and the fields whose UPDATE hit no row; ok is false
+// when they are not known (walcount restarted in between).
+func (l *FlushLog) Seen(upto, at cdc.LSN) (deltas map[string]int64, missed map[string]bool, ok bool) {
 	if l == nil {
-		return nil, false
+		return nil, nil, false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.recs[upto]
 	if r == nil {
-		return nil, false
+		return nil, nil, false
 	}
 	r.seenAt = at
-	return r.deltas, true
+	return r.deltas, r.missed, true
 }
 
 // prune forgets the flushes whose marker lies at or below w: a replay

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -115,4 +116,75 @@ func TestTargetDeleteAndReinsertInOneTransaction(t *testing.T) {
 		}
 		return tx.Commit(ctx)
 	})
+}
+
+// TestFlushBlockedByLifecycle makes a flush's UPDATE of post 6 wait on
+// the row lock of a transaction that deletes the post and inserts it
+// again, or moves it to another id and another post onto 6. When the lock
+// goes, the UPDATE finds the old row gone and does not see the new one
+// (its snapshot predates it): the delta went to no row, though the stream
+// shows a row with the key at the flush's commit. Every post must end
+// with its own likes only.
+func TestFlushBlockedByLifecycle(t *testing.T) {
+	t.Parallel()
+	for name, change := range map[string][]string{
+		"deleted and inserted again": {
+			"DELETE FROM posts WHERE id = 6",
+			"INSERT INTO posts (id) VALUES (6)",
+			"INSERT INTO likes (post_id) VALUES (6), (6)",
+		},
+		"moved away, another post moved onto the id": {
+			"UPDATE posts SET id = 1006 WHERE id = 6",
+			"UPDATE posts SET id = 6 WHERE id = 5",
+			"INSERT INTO likes (post_id) VALUES (6), (1006), (1006)",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			flushBlockedBy(t, change)
+		})
+	}
+}
+
+func flushBlockedBy(t *testing.T, change []string) {
+	e := newEnvWith(t, fkSchema, nil)
+	d := e.start()
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 10), (VALUES (5), (6)) v(p)"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCaughtUp(catchUp)
+
+	tx, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	// A lock the flush's UPDATE waits for, but not the likes' foreign key.
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM posts WHERE id = 6 FOR NO KEY UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT 6 FROM generate_series(1, 5)"); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the flush's UPDATE waiting for the row lock", func() (bool, string) {
+		var n int
+		err := e.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE %posts%'`).Scan(&n)
+		return err == nil && n > 0, fmt.Sprintf("%d waiting, %v", n, err)
+	})
+	for _, q := range change {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	newWorkload(e.db).run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
 }
