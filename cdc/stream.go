@@ -360,7 +360,6 @@ func (s *Stream) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		r.co.arrived()
 		if err := r.dispatch(msg); err != nil {
 			return err
 		}
@@ -496,6 +495,10 @@ func (r *receiver) dispatch(msg pgproto3.BackendMessage) error {
 		case pglogrepl.PrimaryKeepaliveMessageByteID:
 			return r.keepalive(msg.Data[1:])
 		case pglogrepl.XLogDataByteID:
+			// Only WAL data starts a coalescing window: the keepalive
+			// that asks for a reply as the stream starts, or one on an
+			// idle stream, comes alone.
+			r.co.arrived()
 			return r.walData(msg.Data[1:])
 		}
 	case *pgproto3.ErrorResponse:
