@@ -289,24 +289,13 @@ func TestSeveralCounters(t *testing.T) {
 
 	// Both sources in one statement, inside a transaction with changes
 	// before and after it.
-	tx, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	e.inTransaction(
 		"INSERT INTO likes (post_id, weight) VALUES (1, 1.50), (2, 2.25)",
 		"INSERT INTO comments (user_id) VALUES (1), (2)",
 		"TRUNCATE likes, comments",
 		"INSERT INTO likes (post_id, weight, deleted_at) VALUES (1, 0.10, NULL), (3, 3.33, now()), (3, NULL, NULL)",
 		"INSERT INTO comments (user_id) VALUES (5), (5)",
-	} {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	)
 	e.waitCaughtUp(catchUp)
 	e.assertSeveralExact()
 
@@ -615,25 +604,14 @@ GROUP BY p.id HAVING p.likes_count <> count(l.id) OR p.likes_weight <> coalesce(
 	traffic(2)
 	e.exec("ALTER TABLE likes DROP COLUMN junk") // post_id and weight move up one place
 	traffic(3)
-	tx, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	e.inTransaction(
 		"INSERT INTO likes (post_id, weight) VALUES (1, 1.00)",
 		"ALTER TABLE likes ADD COLUMN source text",
 		"INSERT INTO likes (post_id, weight, source) VALUES (2, 2.00, 'web'), (2, 0.50, 'app')",
 		"UPDATE likes SET post_id = 3, source = 'moved' WHERE post_id = 1",
 		"ALTER TABLE likes DROP COLUMN extra",
 		"DELETE FROM likes WHERE id = (SELECT min(id) FROM likes WHERE post_id = 2)",
-	} {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	)
 	traffic(4)
 	e.exec("ALTER TABLE likes ALTER COLUMN source TYPE varchar(20)") // rewrites the table
 	traffic(5)

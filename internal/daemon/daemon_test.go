@@ -213,9 +213,7 @@ func TestRewoundSlotReplays(t *testing.T) {
 				}
 			}
 			d2 := e.start(func(o *Options) { o.replayFromSlot = true })
-			newWorkload(e.db).run(ctx, 2, 50)
-			e.waitCaughtUp(catchUp)
-			e.assertExact()
+			e.moreLikesThenExact()
 			if err := d2.stop(t); err != nil {
 				t.Fatal(err)
 			}
@@ -293,25 +291,12 @@ func TestTruncate(t *testing.T) {
 	}
 	newWorkload(e.db).run(ctx, 2, 100)
 	// TRUNCATE inside a transaction, with likes before and after it.
-	tx, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
+	e.inTransaction(
 		"INSERT INTO likes (post_id) VALUES (1), (2)",
 		"TRUNCATE likes",
 		"INSERT INTO likes (post_id) VALUES (1), (3), (3)",
-	} {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	newWorkload(e.db).run(ctx, 2, 50)
-	e.waitCaughtUp(catchUp)
-	e.assertExact()
+	)
+	e.moreLikesThenExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -378,9 +363,7 @@ func TestPostgresFastShutdownWithDaemonConnected(t *testing.T) {
 	if err := e.pg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	newWorkload(e.db).run(ctx, 2, 50)
-	e.waitCaughtUp(catchUp)
-	e.assertExact()
+	e.moreLikesThenExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}

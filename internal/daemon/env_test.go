@@ -212,6 +212,41 @@ func (e *env) waitCaughtUp(within time.Duration) {
 	e.t.Fatalf("checkpoint did not pass %s within %s (at %s, err %v)", target, within, last, lastErr)
 }
 
+// inTransaction runs queries in one transaction.
+func (e *env) inTransaction(queries ...string) {
+	e.t.Helper()
+	tx, err := e.db.Begin(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	commitAll(e.t, tx, queries...)
+}
+
+// commitAll runs queries in tx, then commits it.
+func commitAll(t testing.TB, tx pgx.Tx, queries ...string) {
+	t.Helper()
+	ctx := context.Background()
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	for _, q := range queries {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// moreLikesThenExact runs a little more load, waits until the checkpoint
+// passes it and asserts that every post is exact: the end of a test that
+// broke something and expects walcount to have recovered.
+func (e *env) moreLikesThenExact() {
+	e.t.Helper()
+	newWorkload(e.db).run(context.Background(), 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+}
+
 // assertExact fails unless every post's likes_count equals its COUNT(*).
 func (e *env) assertExact() {
 	e.t.Helper()

@@ -39,9 +39,7 @@ func lifecycleUnderLoad(t *testing.T, rounds int, change func(ctx context.Contex
 	}
 	wg.Wait()
 	w.report(t)
-	newWorkload(e.db).run(ctx, 2, 50)
-	e.waitCaughtUp(catchUp)
-	e.assertExact()
+	e.moreLikesThenExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -173,17 +171,8 @@ func flushBlockedBy(t *testing.T, change []string) {
 WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE %posts%'`).Scan(&n)
 		return err == nil && n > 0, fmt.Sprintf("%d waiting, %v", n, err)
 	})
-	for _, q := range change {
-		if _, err := tx.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	newWorkload(e.db).run(ctx, 2, 50)
-	e.waitCaughtUp(catchUp)
-	e.assertExact()
+	commitAll(t, tx, change...)
+	e.moreLikesThenExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}

@@ -605,9 +605,7 @@ func TestReadyzFlipsAndFailureLogs(t *testing.T) {
 		e.redis.Kill,
 		func() error { return e.redis.Start(ctx) })
 
-	newWorkload(e.db).run(ctx, 2, 50)
-	e.waitCaughtUp(catchUp)
-	e.assertExact()
+	e.moreLikesThenExact()
 	if err := s.stop(t); err != nil {
 		t.Fatal(err)
 	}

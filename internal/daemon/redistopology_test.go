@@ -287,9 +287,7 @@ func failoverUnderLoad(t *testing.T, e *env, f redisFailover) {
 	<-loadDone
 	w.report(t)
 	// More traffic on the new master, then everything must be exact.
-	newWorkload(e.db).run(ctx, 2, 50)
-	e.waitCaughtUp(catchUp)
-	e.assertExact()
+	e.moreLikesThenExact()
 	waitFor(t, "/readyz to pass again", func() bool {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
