@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"iter"
@@ -121,6 +122,10 @@ type Aggregator struct {
 
 	// prev is the chain tip in Redis: the last end LSN written.
 	prev cdc.LSN
+
+	// The last transaction a forged message was logged for.
+	forgedXid    uint32
+	forgedLogged bool
 
 	// Current transaction.
 	inTxn  bool
@@ -271,6 +276,12 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		if a.skip || ev.Prefix != cdc.MessagePrefix {
 			return nil
 		}
+		if !ev.Trusted {
+			// Any role may emit a message (design rule 18): walcount's
+			// own come as rows of its table of messages.
+			a.untrusted(ev)
+			return nil
+		}
 		if ok, err := a.flushSeen(ev.Content, ev.LSN); ok || err != nil {
 			return err
 		}
@@ -293,6 +304,37 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		return a.commit(ctx, ev)
 	}
 	return nil
+}
+
+// actingTags are the members by which a message would act on counts, the
+// flush, the lifecycle handling or a reconciliation; a heartbeat has none.
+var actingTags = [][]byte{[]byte(`"flush"`), []byte(`"reconcile"`), []byte(`"correct"`)}
+
+// untrusted handles a message in walcount's form that any role could have
+// emitted: one that would act is a forgery, counted and logged once per
+// transaction, and ignored like every untrusted message.
+func (a *Aggregator) untrusted(ev *cdc.Event) {
+	forged := false
+	for _, tag := range actingTags {
+		if bytes.Contains(ev.Content, tag) {
+			forged = true
+			break
+		}
+	}
+	if !forged {
+		return
+	}
+	a.opt.Metrics.ForgedMessages.Inc()
+	if a.forgedXid == a.xid && a.forgedLogged {
+		return
+	}
+	a.forgedXid, a.forgedLogged = a.xid, true
+	content := ev.Content
+	if len(content) > 200 {
+		content = content[:200]
+	}
+	a.log.Error("ignored a forged walcount message: it was emitted with pg_logical_emit_message, which any role may call, not written to walcount's table of messages; find the sender by its transaction id",
+		zap.Uint32("xid", a.xid), zap.Stringer("lsn", ev.LSN), zap.ByteString("content", content))
 }
 
 func (a *Aggregator) change(ev *cdc.Event) error {

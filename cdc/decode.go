@@ -37,6 +37,8 @@ var postgresEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 // messages; it is not safe for concurrent use.
 type Decoder struct {
 	rels map[uint32]*Relation
+	// messages is the OID of walcount's table of messages; 0 when unknown.
+	messages uint32
 }
 
 // NewDecoder returns a Decoder with an empty relation cache. A new
@@ -45,6 +47,12 @@ type Decoder struct {
 func NewDecoder() *Decoder {
 	return &Decoder{rels: make(map[uint32]*Relation)}
 }
+
+// TrustMessages makes the rows inserted into the relation with OID rel
+// walcount's own messages: each insert becomes a KindMessage event with
+// Trusted set and the row's body as its Content (see PostMessage). Deletes
+// and updates of that relation yield no event.
+func (d *Decoder) TrustMessages(rel uint32) { d.messages = rel }
 
 // Relation returns the cached relation with the given OID, or nil.
 func (d *Decoder) Relation(id uint32) *Relation { return d.rels[id] }
@@ -168,6 +176,9 @@ func (d *Decoder) Decode(data []byte, b *Batch) error {
 			return fmt.Errorf("%w: insert tuple tag %q", ErrMalformed, tag)
 		}
 		ev.New = b.decodeTuple(&r)
+		if r.err == nil && d.messages != 0 && ev.Rel.ID == d.messages {
+			return d.message(&ev, b)
+		}
 	case msgUpdate:
 		ev.Kind, ev.Op = KindChange, OpUpdate
 		ev.Rel = d.relation(&r)
@@ -181,6 +192,9 @@ func (d *Decoder) Decode(data []byte, b *Batch) error {
 			return fmt.Errorf("%w: update tuple tag %q", ErrMalformed, tag)
 		}
 		ev.New = b.decodeTuple(&r)
+		if r.err == nil && d.messages != 0 && ev.Rel.ID == d.messages {
+			return nil
+		}
 	case msgDelete:
 		ev.Kind, ev.Op = KindChange, OpDelete
 		ev.Rel = d.relation(&r)
@@ -190,6 +204,9 @@ func (d *Decoder) Decode(data []byte, b *Batch) error {
 		}
 		ev.OldIsKey = tag == 'K'
 		ev.Old = b.decodeTuple(&r)
+		if r.err == nil && d.messages != 0 && ev.Rel.ID == d.messages {
+			return nil // every message row is deleted by the transaction that sent it
+		}
 	case msgTruncate:
 		ev.Kind = KindTruncate
 		n := r.u32("truncate relation count")
@@ -221,6 +238,25 @@ func (d *Decoder) Decode(data []byte, b *Batch) error {
 		return r.err
 	}
 	b.Events = append(b.Events, ev)
+	return nil
+}
+
+// message turns the insert of a row of walcount's table of messages into
+// a trusted KindMessage event. Its LSN is the insert's WAL position, which
+// the stream sets from the XLogData header (pgoutput's insert message
+// carries none).
+func (d *Decoder) message(ev *Event, b *Batch) error {
+	i := ev.Rel.ColumnIndex(MessageBodyColumn)
+	if i < 0 || i >= len(ev.New.Cols) || ev.New.Cols[i].Kind != ValueText {
+		return fmt.Errorf("%w: row of %s without a %s value", ErrMalformed, ev.Rel.QualifiedName(), MessageBodyColumn)
+	}
+	*ev = Event{
+		Kind:    KindMessage,
+		Prefix:  MessagePrefix,
+		Content: append([]byte(nil), ev.New.Cols[i].Data...),
+		Trusted: true,
+	}
+	b.Events = append(b.Events, *ev)
 	return nil
 }
 

@@ -174,3 +174,50 @@ func BenchmarkDecodeInsert(b *testing.B) {
 		}
 	}
 }
+
+// TestDecodeTrustedMessages: an insert into walcount's table of messages
+// becomes a trusted message event; its delete, an update and every row
+// of another table stay what they are; a logical message is never
+// trusted.
+func TestDecodeTrustedMessages(t *testing.T) {
+	d := NewDecoder()
+	d.TrustMessages(7)
+	var b Batch
+	body := `{"flush":"0/10","slot":"walcount"}`
+	steps := [][]byte{
+		relationMsg(7, 'd', "id", "body"),
+		relationMsg(8, 'd', "id", "body"),
+		msg{'I'}.u32(7).u8('N').u16(2).text("1").text(body),
+		msg{'D'}.u32(7).u8('K').u16(2).text("1").u8('n'),
+		msg{'U'}.u32(7).u8('N').u16(2).text("1").text("x"),
+		msg{'I'}.u32(8).u8('N').u16(2).text("1").text(body),
+		append(msg{'M'}.u8(1).u64(0x180).str("walcount").u32(uint32(len(body))), body...),
+	}
+	for i, s := range steps {
+		if err := d.Decode(s, &b); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	if len(b.Events) != 3 {
+		t.Fatalf("got %d events, want 3: the message row, the other table's insert, the logical message", len(b.Events))
+	}
+	if ev := b.Events[0]; ev.Kind != KindMessage || !ev.Trusted || ev.Prefix != MessagePrefix || string(ev.Content) != body {
+		t.Errorf("message row = %+v, want a trusted message with the row's body", ev)
+	}
+	if ev := b.Events[1]; ev.Kind != KindChange || ev.Trusted {
+		t.Errorf("other table's insert = %+v, want a change", ev)
+	}
+	if ev := b.Events[2]; ev.Kind != KindMessage || ev.Trusted || string(ev.Content) != body {
+		t.Errorf("logical message = %+v, want an untrusted message", ev)
+	}
+
+	// A row without its body is malformed, not a message.
+	d2 := NewDecoder()
+	d2.TrustMessages(7)
+	if err := d2.Decode(relationMsg(7, 'd', "id", "other"), &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Decode(msg{'I'}.u32(7).u8('N').u16(2).text("1").text(body), &b); !errors.Is(err, ErrMalformed) {
+		t.Errorf("row without body: err = %v, want ErrMalformed", err)
+	}
+}

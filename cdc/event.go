@@ -83,6 +83,11 @@ type Event struct {
 	// Prefix and Content are the message's (Message).
 	Prefix  string
 	Content []byte
+	// Trusted is set on a Message that came as a row of walcount's table
+	// of messages (PostMessage), which only walcount's role may write. A
+	// message of pg_logical_emit_message (EmitMessage) is never trusted:
+	// any role may emit one.
+	Trusted bool
 }
 
 // Batch is a run of events handed downstream in one channel send. The

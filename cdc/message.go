@@ -3,6 +3,8 @@ package cdc
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 
@@ -10,18 +12,57 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// MessagePrefix is the prefix of walcount's logical decoding messages:
-// heartbeats and reconciliation markers.
+// MessagePrefix is the prefix of walcount's logical decoding messages,
+// and the Prefix of the events its message rows become.
 const MessagePrefix = "walcount"
+
+// MessageTable is walcount's table of messages (state schema version 3)
+// and MessageBodyColumn the column that holds a message's content. Every
+// walcount publication includes the table.
+const (
+	MessageTable      = "walcount.messages"
+	MessageBodyColumn = "body"
+)
 
 // RowQuerier reads one row; *pgx.Conn, *pgxpool.Pool and pgx.Tx fit.
 type RowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// BatchSender sends a batch of statements; *pgx.Conn, *pgxpool.Pool and
+// pgx.Tx fit.
+type BatchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// PostMessage sends one of the messages walcount acts on (a flush marker,
+// a reconciliation marker, corrections): it inserts the content as a row
+// of MessageTable and deletes the row again, in one transaction (q's, or
+// the implicit transaction of the batch on a pool or connection). The
+// insert reaches the stream with that transaction, as a trusted message
+// event, and the table stays empty. Only a role that may write walcount's
+// state can send one, unlike EmitMessage's (design rule 18).
+func PostMessage(ctx context.Context, q BatchSender, content string) error {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("post message: %w", err)
+	}
+	id := int64(binary.BigEndian.Uint64(b[:]) >> 1)
+	batch := &pgx.Batch{}
+	batch.Queue("INSERT INTO walcount.messages (id, body) VALUES ($1, $2)", id, content)
+	batch.Queue("DELETE FROM walcount.messages WHERE id = $1", id)
+	if err := q.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("post message: %w", err)
+	}
+	return nil
+}
+
 // EmitMessage writes a transactional logical decoding message with
 // walcount's prefix. It reaches the stream as a transaction of its own
 // (unless q is inside a larger transaction) and returns the message's LSN.
+// Any role may emit such a message, so walcount acts on none: heartbeats,
+// which only need to be a transaction, use it, and so do waits for a
+// position in the stream (design rule 18).
 // See https://www.postgresql.org/docs/15/functions-admin.html#FUNCTIONS-REPLICATION.
 func EmitMessage(ctx context.Context, q RowQuerier, content string) (LSN, error) {
 	var lsn LSN

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,8 +119,11 @@ type Stream struct {
 	conn *pgconn.PgConn
 	// history is "<system identifier>/<timeline>" of the server.
 	history string
-	out     chan *Batch
-	pool    sync.Pool
+	// msgRel is the OID of walcount's table of messages, 0 when it does
+	// not exist: then no message is trusted.
+	msgRel uint32
+	out    chan *Batch
+	pool   sync.Pool
 
 	ack  atomic.Uint64 // W: the position to confirm
 	recv atomic.Uint64 // highest WAL position received
@@ -179,6 +183,11 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("identify system: %w", err)
 	}
+	msgRel, err := messageRelation(ctx, conn)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
 	args := []string{
 		"proto_version '1'",
 		"publication_names " + quoteLiteral(cfg.Publication),
@@ -204,6 +213,7 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 		log:     cfg.Logger,
 		conn:    conn,
 		history: fmt.Sprintf("%s/%d", sys.SystemID, sys.Timeline),
+		msgRel:  msgRel,
 		out:     make(chan *Batch, cfg.QueueSize),
 
 		released: make(chan struct{}, 1),
@@ -213,6 +223,30 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	}
 	s.recv.Store(uint64(cfg.StartLSN))
 	return s, nil
+}
+
+// messageRelation reads the OID of walcount's table of messages on the
+// replication connection, 0 when the table does not exist.
+func messageRelation(ctx context.Context, conn *pgconn.PgConn) (uint32, error) {
+	res, err := conn.Exec(ctx, "SELECT coalesce(to_regclass("+quoteLiteral(MessageTable)+")::oid, 0)").ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("look up %s: %w", MessageTable, err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return 0, fmt.Errorf("look up %s: unexpected result", MessageTable)
+	}
+	oid, err := strconv.ParseUint(string(res[0].Rows[0][0]), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("look up %s: %w", MessageTable, err)
+	}
+	return uint32(oid), nil
+}
+
+// newDecoder returns a decoder for one session of the stream.
+func (s *Stream) newDecoder() *Decoder {
+	d := NewDecoder()
+	d.TrustMessages(s.msgRel)
+	return d
 }
 
 // History returns "<system identifier>/<timeline>": the server history
@@ -394,7 +428,7 @@ func (s *Stream) newReceiver(ctx context.Context) *receiver {
 		s:          s,
 		ctx:        ctx,
 		nc:         nc,
-		dec:        NewDecoder(),
+		dec:        s.newDecoder(),
 		batch:      s.newBatch(),
 		nextStatus: time.Now(),
 		stopWatch:  context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) }),
@@ -547,6 +581,12 @@ func (r *receiver) walData(data []byte) error {
 			s.inTxn = true
 		case KindCommit:
 			s.inTxn, s.lastCommit = false, ev.LSN
+		case KindMessage:
+			if ev.Trusted {
+				// A message row's position: the insert's WAL record,
+				// which the walsender puts in the header.
+				ev.LSN = xld.WALStart
+			}
 		}
 	}
 	end := xld.WALStart + LSN(len(xld.WALData))

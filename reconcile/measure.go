@@ -94,7 +94,7 @@ func (r *Reconciler) measure(ctx context.Context, sql *counter.Resolved, rq *rou
 	}
 
 	// 1. M0, and wait until its transaction committed in the stream.
-	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 0)); err != nil {
+	if err := cdc.PostMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 0)); err != nil {
 		return roundResult{}, err
 	}
 	if err := r.wait(ctx, m.committed, m.done, "marker M0 in the stream"); err != nil {
@@ -114,7 +114,7 @@ func (r *Reconciler) measure(ctx context.Context, sql *counter.Resolved, rq *rou
 	lap(2)
 	r.rec.setSnapshot(m, snap, ws)
 	// 4. M1; the recorder computes pending(k) when it arrives.
-	if _, err := cdc.EmitMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 1)); err != nil {
+	if err := cdc.PostMessage(ctx, r.opt.Pool, r.markerJSON(m.id, 1)); err != nil {
 		return roundResult{}, err
 	}
 	if err := r.wait(ctx, m.done, nil, "marker M1 in the stream"); err != nil {

@@ -692,7 +692,7 @@ func (r *Reconciler) emitCorrections(ctx context.Context, drift []KeyDrift) (cdc
 		if err != nil {
 			return 0, err
 		}
-		if _, err := cdc.EmitMessage(ctx, r.opt.Pool, string(content)); err != nil {
+		if err := cdc.PostMessage(ctx, r.opt.Pool, string(content)); err != nil {
 			return 0, fmt.Errorf("emit corrections: %w", err)
 		}
 		if err := r.opt.Failpoints.Inject(failpoint.AfterCorrection); err != nil {

@@ -395,7 +395,7 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 	// nothing to follow, and emits nothing: a marker is a transaction the
 	// next flush carries, and an idle walcount must stay idle.
 	if len(batches) > 0 {
-		if _, err := cdc.EmitMessage(ctx, tx, cdc.FlushMarker(f.opt.Slot, upto)); err != nil {
+		if err := cdc.PostMessage(ctx, tx, cdc.FlushMarker(f.opt.Slot, upto)); err != nil {
 			return false, fmt.Errorf("flush marker: %w", err)
 		}
 		f.opt.FlushLog.add(upto, fields, missed)

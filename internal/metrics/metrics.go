@@ -184,6 +184,13 @@ type Metrics struct {
 	// of the flush that contains its deltas.
 	ApplyLag prometheus.Histogram
 
+	// ForgedMessages counts walcount-prefixed logical messages that would
+	// have acted on a count, the flush, the lifecycle handling or a
+	// reconciliation, but did not come from walcount's table of messages:
+	// sent by a role that is not walcount's (design rule 18). They are
+	// ignored.
+	ForgedMessages prometheus.Counter
+
 	// Reconciliation (docs/design.md §5).
 
 	// CounterDirty is 1 for a counter walcount cannot vouch for until a
@@ -289,6 +296,9 @@ func New() *Metrics {
 			Buckets: ApplyLagBuckets,
 		}),
 
+		ForgedMessages: counter("forged_messages_total",
+			"Messages in walcount's form that did not come from walcount's table of messages (another role emitted them with pg_logical_emit_message); they were ignored."),
+
 		CounterDirty: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "counter_dirty",
 			Help: "1 while a counter (or some of its keys) is dirty: part of its history was not seen, and walcount repairs it by reconciliation; 0 otherwise.",
@@ -322,6 +332,7 @@ func New() *Metrics {
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
 		m.WaitingForSlot, m.SessionFailures,
 		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
+		m.ForgedMessages,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
 		m.BuildInfo,
 	)

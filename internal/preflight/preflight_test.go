@@ -103,9 +103,9 @@ SELECT slot_name, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slo
 // setUp does what `walcount setup` does.
 func (f *fixture) setUp(t *testing.T) {
 	t.Helper()
-	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts")
 	f.createSlot(t, "pgoutput")
 	f.createCheckpoint(t, "")
+	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts, walcount.messages")
 	if err := state.Claim(context.Background(), f.conn, f.cfg.Slot, f.cfg.Counters); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/publication"
 )
@@ -128,12 +129,14 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 		}
 		if !found {
 			ok = false
-			what := "include"
-			if !t.Source {
-				what = "include the target"
+			msg := fmt.Sprintf("publication %s does not include %s", r.cfg.Publication, sql)
+			switch {
+			case t.Messages:
+				msg += ": walcount's flush markers, reconciliation markers and corrections travel as its rows, and walcount would wait for them forever (run walcount setup, which creates the table in state schema version 3 and adds it)"
+			case !t.Source:
+				msg = fmt.Sprintf("publication %s does not include the target %s", r.cfg.Publication, sql)
 			}
-			r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not %s %s", r.cfg.Publication, what, sql),
-				fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t)))
+			r.setupProblem(CheckPublication, msg, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t)))
 			continue
 		}
 		readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[3]s;", pub, sql, r.pubEntry(t))
@@ -175,13 +178,14 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 		msg := fmt.Sprintf("publication %s publishes insert, update, delete and truncate of %s", r.cfg.Publication, strings.Join(sourceNames, ", "))
 		var targets []string
 		for i, t := range layout {
-			if !t.Source {
+			if !t.Source && !t.Messages {
 				targets = append(targets, listed[i])
 			}
 		}
 		if len(targets) > 0 {
 			msg += ", and follows the targets " + strings.Join(targets, ", ")
 		}
+		msg += "; walcount's own messages come as rows of " + cdc.MessageTable
 		r.ok(CheckPublication, msg)
 	}
 	return nil

@@ -18,12 +18,14 @@
 package publication
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/pgversion"
 )
@@ -36,6 +38,18 @@ type Table struct {
 	Source, Target bool
 	// Columns is the column list, nil for every column.
 	Columns []string
+	// Messages is true for walcount's table of messages (cdc.MessageTable),
+	// which every walcount publication holds: the messages walcount acts
+	// on reach the stream as its rows (design rule 18).
+	Messages bool
+}
+
+// MessagesTable is walcount's table of messages as state schema version 3
+// creates it, for a Lookup that answers for a schema not yet migrated
+// (setup --print-sql prints the migration before the publication).
+func MessagesTable() *counter.Table {
+	schema, name := counter.SplitTable(cdc.MessageTable)
+	return &counter.Table{Schema: schema, Name: name, Exists: true, Kind: "r", ReplIdent: "d", Identity: []string{"id"}}
 }
 
 // SQL renders the table as a publication's table list names it.
@@ -55,8 +69,9 @@ func (t Table) SQL() string {
 type Lookup func(canonical string) (*counter.Table, error)
 
 // Layout returns the tables the publication must hold for counters, in a
-// stable order, skipping tables that do not exist (walcount check reports
-// them). A target without a usable replica identity is left out and
+// stable order and walcount's table of messages last, skipping tables that
+// do not exist (walcount check reports them). lookup is asked for
+// cdc.MessageTable too. A target without a usable replica identity is left out and
 // returned in unusable: publishing it would make every UPDATE and DELETE
 // on it fail.
 func Layout(v pgversion.Version, counters []counter.Counter, lookup Lookup) (tables []Table, unusable []*counter.Table, err error) {
@@ -116,6 +131,15 @@ func Layout(v pgversion.Version, counters []counter.Counter, lookup Lookup) (tab
 		}
 		tables = append(tables, *t)
 	}
+	// Before the state schema exists there is no table of messages to
+	// publish; walcount check reports the schema missing.
+	msgs, err := lookup(cdc.MessageTable)
+	if err != nil {
+		return nil, nil, err
+	}
+	if msgs.Exists {
+		tables = append(tables, Table{Table: msgs, Messages: true})
+	}
 	return tables, unusable, nil
 }
 
@@ -153,4 +177,82 @@ func Alter(pub string, tables []Table) []string {
 		fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s", id, List(tables)),
 		fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate', publish_via_partition_root = %t)", id, ViaRoot(tables)),
 	}
+}
+
+// Matches reports whether the existing publication pub already holds
+// exactly tables, with their column lists (every column where Columns is
+// nil) and no row filter, publishes every operation and publishes through
+// the partition root exactly when ViaRoot(tables). Setup then leaves it
+// alone: ALTER PUBLICATION needs the ownership of the publication and of
+// every table in it, which a publication made by a DBA does not give
+// walcount's role.
+func Matches(ctx context.Context, q counter.Querier, v pgversion.Version, pub string, tables []Table) (bool, error) {
+	var ins, upd, del, trunc, viaRoot bool
+	err := q.QueryRow(ctx, `SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot FROM pg_publication WHERE pubname = $1`, pub).
+		Scan(&ins, &upd, &del, &trunc, &viaRoot)
+	if err != nil {
+		return false, fmt.Errorf("read publication %s: %w", pub, err)
+	}
+	if !ins || !upd || !del || !trunc || viaRoot != ViaRoot(tables) {
+		return false, nil
+	}
+	query := `SELECT schemaname::text, tablename::text, NULL::text[], false FROM pg_publication_tables WHERE pubname = $1`
+	if v.PublicationColumnLists() {
+		query = `SELECT schemaname::text, tablename::text, attnames::text[], rowfilter IS NOT NULL FROM pg_publication_tables WHERE pubname = $1`
+	}
+	rows, err := q.Query(ctx, query, pub)
+	if err != nil {
+		return false, fmt.Errorf("read tables of publication %s: %w", pub, err)
+	}
+	type entry struct {
+		cols     []string
+		filtered bool
+	}
+	published := map[string]entry{}
+	for rows.Next() {
+		var schema, name string
+		var e entry
+		if err := rows.Scan(&schema, &name, &e.cols, &e.filtered); err != nil {
+			rows.Close()
+			return false, fmt.Errorf("read tables of publication %s: %w", pub, err)
+		}
+		published[schema+"."+name] = e
+	}
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("read tables of publication %s: %w", pub, err)
+	}
+	if len(published) != len(tables) {
+		return false, nil
+	}
+	for _, t := range tables {
+		e, ok := published[t.Schema+"."+t.Name]
+		if !ok || e.filtered {
+			return false, nil
+		}
+		if !v.PublicationColumnLists() {
+			continue
+		}
+		want := t.Columns
+		if want == nil {
+			want = make([]string, 0, len(t.Table.Columns))
+			for c := range t.Table.Columns {
+				want = append(want, c)
+			}
+		}
+		if !sameSet(e.cols, want) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// sameSet reports whether a and b hold the same strings.
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/pgversion"
@@ -227,6 +228,10 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 		q = s.tx
 	}
 	tables, unusable, err := publication.Layout(version, cfg.Counters, func(name string) (*counter.Table, error) {
+		if s.print && name == cdc.MessageTable {
+			// Printed above, not run.
+			return publication.MessagesTable(), nil
+		}
 		schema, table := counter.SplitTable(name)
 		return counter.ReadTable(ctx, q, schema, table)
 	})
@@ -244,14 +249,25 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 	if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", cfg.Publication).Scan(&pubExists); err != nil {
 		return fmt.Errorf("read publication: %w", err)
 	}
+	matches := false
 	if pubExists {
+		if matches, err = publication.Matches(ctx, q, version, cfg.Publication, tables); err != nil {
+			return err
+		}
+	}
+	switch {
+	case matches:
+		// Never altered: that needs the owner of every table in it.
+	case pubExists:
 		for _, stmt := range publication.Alter(cfg.Publication, tables) {
 			if err := s.exec(ctx, stmt); err != nil {
 				return err
 			}
 		}
-	} else if err := s.exec(ctx, publication.Create(cfg.Publication, tables)); err != nil {
-		return err
+	default:
+		if err := s.exec(ctx, publication.Create(cfg.Publication, tables)); err != nil {
+			return err
+		}
 	}
 
 	// One slot keeps each counter column (design rule 15).

@@ -146,7 +146,7 @@ func TestSetupIsIdempotent(t *testing.T) {
 	if got := f.query(t, "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = $1", f.slot); got != "1" {
 		t.Fatalf("%s slots", got)
 	}
-	if got := f.published(t); !slices.Equal(got, []string{"public.likes", "public.posts"}) {
+	if got := f.published(t); !slices.Equal(got, []string{"public.likes", "public.posts", "walcount.messages"}) {
 		t.Fatalf("published = %v", got)
 	}
 
@@ -167,11 +167,11 @@ func TestPublicationFollowsCounters(t *testing.T) {
 		counters []counter.Counter
 		want     []string
 	}{
-		{[]counter.Counter{likes}, []string{"public.likes", "public.posts"}},
-		{[]counter.Counter{likes, comments}, []string{"public.comments", "public.likes", "public.posts", "public.users"}},
-		{[]counter.Counter{likes, comments, follows}, []string{"public.comments", "public.follows", "public.likes", "public.posts", "public.users"}},
-		{[]counter.Counter{comments}, []string{"public.comments", "public.users"}},
-		{[]counter.Counter{follows, likes}, []string{"public.follows", "public.likes", "public.posts", "public.users"}},
+		{[]counter.Counter{likes}, []string{"public.likes", "public.posts", "walcount.messages"}},
+		{[]counter.Counter{likes, comments}, []string{"public.comments", "public.likes", "public.posts", "public.users", "walcount.messages"}},
+		{[]counter.Counter{likes, comments, follows}, []string{"public.comments", "public.follows", "public.likes", "public.posts", "public.users", "walcount.messages"}},
+		{[]counter.Counter{comments}, []string{"public.comments", "public.users", "walcount.messages"}},
+		{[]counter.Counter{follows, likes}, []string{"public.follows", "public.likes", "public.posts", "public.users", "walcount.messages"}},
 	}
 	for i, s := range steps {
 		// Setup takes counters as Load leaves them: validated.
@@ -248,7 +248,7 @@ func TestPrintSQL(t *testing.T) {
 	if strings.Contains(out.String(), "pg_create_logical_replication_slot") {
 		t.Errorf("print-sql would create the existing slot again:\n%s", out.String())
 	}
-	if got := f.published(t); !slices.Equal(got, []string{"public.likes", "public.posts"}) {
+	if got := f.published(t); !slices.Equal(got, []string{"public.likes", "public.posts", "walcount.messages"}) {
 		t.Errorf("published = %v: --print-sql changed the publication", got)
 	}
 }
