@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"maps"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -75,6 +77,9 @@ type DegradedFunc func(counter string, degraded bool, why string) error
 // them (design rule 14).
 type DirtyFunc func(fields []string, cause string) error
 
+// DirtyCountersFunc marks whole counters dirty, durably, with the cause.
+type DirtyCountersFunc func(counters []string, cause string) error
+
 // Options configure an Aggregator.
 type Options struct {
 	// Slot names the slot whose flush markers this aggregator follows.
@@ -92,7 +97,9 @@ type Options struct {
 	Observe  TxnObserver
 	Flushes  FlushLog
 	Dirty    DirtyFunc
-	Degraded DegradedFunc
+	// DirtyCounters marks whole counters dirty; required with Dirty.
+	DirtyCounters DirtyCountersFunc
+	Degraded      DegradedFunc
 	// WasDegraded are the counters an earlier session reported degraded:
 	// the first binding that finds their source's identity whole again
 	// reports them keepable.
@@ -134,6 +141,11 @@ type Aggregator struct {
 	txn    deltaSet
 	keyBuf []byte
 	resets map[string]bool
+	// What the transaction made walcount unable to vouch for (design rule
+	// 17): counters whose target it truncated, and target rows it inserted
+	// with a counter value already in them (a restore, a copy).
+	truncated map[string]bool
+	seeded    map[string]bool
 
 	// Pending batch: committed transactions not yet in Redis.
 	pending      deltaSet
@@ -158,16 +170,18 @@ func New(opt Options) *Aggregator {
 		opt.Metrics = metrics.New()
 	}
 	return &Aggregator{
-		opt:      opt,
-		log:      opt.Logger,
-		rules:    make(map[*cdc.Relation][]rule),
-		targets:  make(map[*cdc.Relation][]targetRule),
-		degraded: degradedSet(opt.WasDegraded),
-		lc:       newLifecycle(),
-		prev:     opt.Start,
-		txn:      newDeltaSet(),
-		resets:   make(map[string]bool),
-		pending:  newDeltaSet(),
+		opt:       opt,
+		log:       opt.Logger,
+		rules:     make(map[*cdc.Relation][]rule),
+		targets:   make(map[*cdc.Relation][]targetRule),
+		degraded:  degradedSet(opt.WasDegraded),
+		lc:        newLifecycle(),
+		prev:      opt.Start,
+		txn:       newDeltaSet(),
+		resets:    make(map[string]bool),
+		truncated: make(map[string]bool),
+		seeded:    make(map[string]bool),
+		pending:   newDeltaSet(),
 	}
 }
 
@@ -246,6 +260,8 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		a.skip = ev.LSN < a.prev
 		a.txn.reset()
 		clear(a.resets)
+		clear(a.truncated)
+		clear(a.seeded)
 		a.lc.resetTxn()
 	case cdc.KindChange:
 		if a.skip {
@@ -270,6 +286,12 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 				// Deltas of this counter earlier in the transaction are
 				// erased by the TRUNCATE.
 				a.txn.dropCounter(c.Name)
+			}
+			for _, c := range a.opt.Counters {
+				if ts, tt := c.TargetTable(); ts == rel.Namespace && tt == rel.Name {
+					// Every row of the target is new from here on.
+					a.truncated[c.Name] = true
+				}
 			}
 		}
 	case cdc.KindMessage:
@@ -447,6 +469,9 @@ func (a *Aggregator) add(field string, n int64) { a.txn.add(field, n) }
 // barrier when it truncated a source table.
 func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 	a.opt.Metrics.Transactions.Inc()
+	if err := a.markUnvouched(); err != nil {
+		return err
+	}
 	if a.opt.Observe != nil {
 		a.opt.Observe(a.xid, ev.LSN, a.txn.all(), a.resets, a.lc.moves)
 	}
@@ -479,6 +504,55 @@ func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 	a.pendingLast = ev.LSN
 	if a.opt.Commits != nil {
 		a.opt.Commits.Record(ev.LSN, ev.Time)
+	}
+	return nil
+}
+
+// maxSeededKeys is how many seeded keys of one counter in one transaction
+// are marked dirty one by one; more (a restore of a whole table) mark the
+// counter.
+const maxSeededKeys = 10_000
+
+// markUnvouched marks dirty, before the transaction's deltas go anywhere,
+// what it made walcount unable to vouch for: a counter whose target it
+// truncated (the rows after it are new, and a flush in flight may have
+// landed on them), and the keys of target rows it inserted with a non-zero
+// counter value (restored or copied rows already count what walcount will
+// add). Reconciliation then makes them exact (design rule 14).
+func (a *Aggregator) markUnvouched() error {
+	if len(a.truncated) == 0 && len(a.seeded) == 0 {
+		return nil
+	}
+	whole := slices.Sorted(maps.Keys(a.truncated))
+	byCounter := map[string][]string{}
+	for f := range a.seeded {
+		name, _, _ := counter.SplitField(f)
+		if !a.truncated[name] {
+			byCounter[name] = append(byCounter[name], f)
+		}
+	}
+	var fields []string
+	for name, fs := range byCounter {
+		if len(fs) > maxSeededKeys {
+			whole = append(whole, name)
+			continue
+		}
+		fields = append(fields, fs...)
+	}
+	if len(whole) > 0 {
+		a.log.Warn("a target table was truncated, or filled with rows whose counters already hold values: walcount marks the counters dirty and reconciliation makes them exact",
+			zap.Strings("counters", whole))
+		if a.opt.DirtyCounters != nil {
+			if err := a.opt.DirtyCounters(whole, "the target table was truncated or restored: its rows are new, and their counters hold values walcount did not count"); err != nil {
+				return err
+			}
+		}
+	}
+	if len(fields) > 0 && a.opt.Dirty != nil {
+		slices.Sort(fields)
+		if err := a.opt.Dirty(fields, "a target row was inserted with a non-zero counter value (a restore or a copy): walcount cannot tell what it already counts"); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -47,6 +47,9 @@ import (
 type targetRule struct {
 	counter string
 	key     int
+	// column is the index of the counter column, -1 when the relation
+	// does not carry it.
+	column int
 }
 
 // bindTargets binds the counters whose target is rel. A delete can only be
@@ -65,7 +68,7 @@ func bindTargets(rel *cdc.Relation, counters []counter.Counter) ([]targetRule, e
 			return nil, fmt.Errorf("counter %s: %w: target key %q of %s is not in its replica identity, so its deletes cannot be followed",
 				c.Name, ErrNotAttributable, c.TargetKey, rel.QualifiedName())
 		}
-		out = append(out, targetRule{counter: c.Name, key: i})
+		out = append(out, targetRule{counter: c.Name, key: i, column: rel.ColumnIndex(c.Column)})
 	}
 	return out, nil
 }
@@ -122,7 +125,11 @@ func (a *Aggregator) target(ev *cdc.Event, rules []targetRule) error {
 			if err != nil || !ok {
 				return wrapTarget(r, ev, err)
 			}
-			a.inserted(counter.Field(r.counter, k))
+			f := counter.Field(r.counter, k)
+			a.inserted(f)
+			if r.column >= 0 && r.column < len(ev.New.Cols) && !isZero(ev.New.Cols[r.column]) {
+				a.seeded[f] = true
+			}
 		case cdc.OpDelete:
 			k, ok, err := keyOf(ev.Old, ev.New, r.key)
 			if err != nil || !ok {
@@ -149,6 +156,20 @@ func (a *Aggregator) target(ev *cdc.Event, rules []targetRule) error {
 		}
 	}
 	return nil
+}
+
+// isZero reports whether a counter column's value is NULL or zero, as
+// integer or numeric text ("0", "0.00", "-0").
+func isZero(v cdc.Value) bool {
+	if v.Kind != cdc.ValueText {
+		return true // NULL; an unchanged TOASTed counter is not inserted
+	}
+	for _, c := range v.Data {
+		if c != '0' && c != '.' && c != '-' && c != '+' {
+			return false
+		}
+	}
+	return true
 }
 
 func wrapTarget(r targetRule, ev *cdc.Event, err error) error {

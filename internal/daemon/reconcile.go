@@ -128,6 +128,20 @@ func (d *Daemon) markDirty(fields []string, cause string) error {
 	return nil
 }
 
+// markCountersDirty records whole counters as dirty, for reconciliation
+// to measure every key (design rule 14).
+func (d *Daemon) markCountersDirty(names []string, cause string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range names {
+		if err := state.MarkDirty(ctx, d.pool, d.cfg.Slot, name, nil, cause); err != nil {
+			return err
+		}
+		d.log.Warn("counter marked dirty: reconciliation will measure every key", zap.String("counter", name), zap.String("cause", cause))
+	}
+	return nil
+}
+
 // markDegraded is the aggregator's DegradedFunc: a counter that cannot be
 // kept from the stream is marked dirty, durably, before the changes it
 // skips are acknowledged; once it can be kept again, the reconciler repairs

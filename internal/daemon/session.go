@@ -176,11 +176,12 @@ func (d *Daemon) sessionEnded() {
 func (s *liveSession) run(ctx context.Context) error {
 	d := s.d
 	agg := aggregator.New(aggregator.Options{
-		Slot:     d.cfg.Slot,
-		Counters: d.cfg.Counters,
-		Flushes:  d.flushes,
-		Dirty:    d.markDirty,
-		Degraded: d.markDegraded,
+		Slot:          d.cfg.Slot,
+		Counters:      d.cfg.Counters,
+		Flushes:       d.flushes,
+		Dirty:         d.markDirty,
+		DirtyCounters: d.markCountersDirty,
+		Degraded:      d.markDegraded,
 		// A counter degraded in an earlier session stays so until this
 		// one sees its source's identity carry the column again.
 		WasDegraded: d.degradedCounters(),
