@@ -85,8 +85,11 @@ type Options struct {
 	// Slot names the slot whose flush markers this aggregator follows.
 	Slot     string
 	Counters []counter.Counter
-	Buffer   Buffer
-	Barrier  Barrierer
+	// Relations binds the counters' tables to their OIDs; nil matches
+	// them by name.
+	Relations Relations
+	Buffer    Buffer
+	Barrier   Barrierer
 	// Start is the end LSN of the last transaction Redis or PostgreSQL
 	// already holds (meta.lsn): the chain continues from it and every
 	// transaction ending at or before it is skipped.
@@ -277,7 +280,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		}
 		for _, rel := range ev.Rels {
 			for _, c := range a.opt.Counters {
-				if !sourceIs(c, rel) {
+				if !a.opt.Relations.Is(c.Source, rel) {
 					continue
 				}
 				a.resets[c.Name] = true
@@ -288,7 +291,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 				a.txn.dropCounter(c.Name)
 			}
 			for _, c := range a.opt.Counters {
-				if ts, tt := c.TargetTable(); ts == rel.Namespace && tt == rel.Name {
+				if a.opt.Relations.Is(c.Target, rel) {
 					// Every row of the target is new from here on.
 					a.truncated[c.Name] = true
 				}
@@ -359,11 +362,28 @@ func (a *Aggregator) untrusted(ev *cdc.Event) {
 		zap.Uint32("xid", a.xid), zap.Stringer("lsn", ev.LSN), zap.ByteString("content", content))
 }
 
+// checkName warns once per relation when a relation a counter is bound to
+// by its OID arrives under another name: it was renamed, and is followed by
+// its identity (the daemon decides at its next session whether the name
+// now designates another table).
+func (a *Aggregator) checkName(rel *cdc.Relation) {
+	for name, oid := range a.opt.Relations {
+		if oid != rel.ID {
+			continue
+		}
+		if schema, table := counter.SplitTable(name); schema != rel.Namespace || table != rel.Name {
+			a.log.Warn("a table walcount counts was renamed: it is followed by its identity; rename it back, or name it so in the configuration and run walcount setup",
+				zap.String("configured", name), zap.String("now", rel.QualifiedName()), zap.Uint32("oid", rel.ID))
+		}
+	}
+}
+
 func (a *Aggregator) change(ev *cdc.Event) error {
 	targets, ok := a.targets[ev.Rel]
 	if !ok {
 		var err error
-		if targets, err = bindTargets(ev.Rel, a.opt.Counters); err != nil {
+		a.checkName(ev.Rel)
+		if targets, err = bindTargets(ev.Rel, a.opt.Counters, a.opt.Relations); err != nil {
 			return fmt.Errorf("bind counter targets to %s: %w", ev.Rel.QualifiedName(), err)
 		}
 		a.targets[ev.Rel] = targets
@@ -376,7 +396,7 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 	rules, ok := a.rules[ev.Rel]
 	if !ok {
 		var err error
-		if rules, err = bindRules(ev.Rel, a.opt.Counters); err != nil {
+		if rules, err = bindRules(ev.Rel, a.opt.Counters, a.opt.Relations); err != nil {
 			return fmt.Errorf("bind counters to %s: %w", ev.Rel.QualifiedName(), err)
 		}
 		for i := range rules {

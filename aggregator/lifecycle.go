@@ -54,10 +54,10 @@ type targetRule struct {
 
 // bindTargets binds the counters whose target is rel. A delete can only be
 // attributed when the target key is in the replica identity.
-func bindTargets(rel *cdc.Relation, counters []counter.Counter) ([]targetRule, error) {
+func bindTargets(rel *cdc.Relation, counters []counter.Counter, rels Relations) ([]targetRule, error) {
 	var out []targetRule
 	for _, c := range counters {
-		if ts, tt := c.TargetTable(); ts != rel.Namespace || tt != rel.Name {
+		if !rels.Is(c.Target, rel) {
 			continue
 		}
 		i := rel.ColumnIndex(c.TargetKey)

@@ -58,10 +58,10 @@ type contribution struct {
 // the summed column has no exact scale. A rule whose columns the replica
 // identity does not carry is bound degraded: old rows could not be
 // attributed (design rules 11 and 14).
-func bindRules(rel *cdc.Relation, counters []counter.Counter) ([]rule, error) {
+func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations) ([]rule, error) {
 	var out []rule
 	for _, c := range counters {
-		if !sourceIs(c, rel) {
+		if !rels.Is(c.Source, rel) {
 			continue
 		}
 		r := rule{counter: c.Name, key: rel.ColumnIndex(c.Key), sum: -1}
@@ -104,9 +104,18 @@ func bindRules(rel *cdc.Relation, counters []counter.Counter) ([]rule, error) {
 	return out, nil
 }
 
-// sourceIs reports whether c counts rows of rel.
-func sourceIs(c counter.Counter, rel *cdc.Relation) bool {
-	schema, table := c.SourceTable()
+// Relations binds table names (canonical, as counters name them) to the
+// OIDs of the relations they named when the session started: a relation
+// keeps its OID through a rename, and the stream names each change by it
+// (design rule 17). A name without an OID is matched by name.
+type Relations map[string]uint32
+
+// Is reports whether rel is the relation name is bound to.
+func (r Relations) Is(name string, rel *cdc.Relation) bool {
+	if oid, ok := r[name]; ok && oid != 0 {
+		return rel.ID == oid
+	}
+	schema, table := counter.SplitTable(name)
 	return schema == rel.Namespace && table == rel.Name
 }
 

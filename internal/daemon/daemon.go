@@ -115,6 +115,11 @@ type daemonState struct {
 	// degraded holds the counters that cannot be kept from the stream
 	// right now (see aggregator.Options.Degraded).
 	degraded map[string]bool
+	// bound is the OID each configured table name was bound to by the
+	// last session; unbound holds the counters whose tables are not what
+	// the publication holds, with why (see relations.go).
+	bound   map[string]uint32
+	unbound map[string]string
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.

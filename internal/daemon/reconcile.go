@@ -67,11 +67,13 @@ func (d *Daemon) degradedCounters() []string {
 }
 
 // keepable reports whether counter can be kept from the stream: false while
-// its source's replica identity lacks a column it reads.
+// its source's replica identity lacks a column it reads, or while its
+// tables are not what the publication holds (relations.go).
 func (d *Daemon) keepable(name string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return !d.state.degraded[name]
+	_, unbound := d.state.unbound[name]
+	return !d.state.degraded[name] && !unbound
 }
 
 // ReconcileHandler serves POST /v1/reconcile.

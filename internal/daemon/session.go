@@ -175,9 +175,14 @@ func (d *Daemon) sessionEnded() {
 // more is written: the next session replays from W.
 func (s *liveSession) run(ctx context.Context) error {
 	d := s.d
+	rels, bound, err := d.bindRelations(ctx)
+	if err != nil {
+		return err
+	}
 	agg := aggregator.New(aggregator.Options{
 		Slot:          d.cfg.Slot,
 		Counters:      d.cfg.Counters,
+		Relations:     rels,
 		Flushes:       d.flushes,
 		Dirty:         d.markDirty,
 		DirtyCounters: d.markCountersDirty,
@@ -211,6 +216,7 @@ func (s *liveSession) run(ctx context.Context) error {
 	})
 	g.Go(func() error { return s.flusher.Run(workCtx, d.cfg.FlushInterval) })
 	g.Go(func() error { return s.gate.Run(workCtx) })
+	g.Go(func() error { return d.watchRelations(workCtx, bound) })
 	g.Go(func() error {
 		d.heartbeat(workCtx, s.stream)
 		return nil
