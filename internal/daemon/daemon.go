@@ -115,6 +115,9 @@ type daemonState struct {
 	// degraded holds the counters that cannot be kept from the stream
 	// right now (see aggregator.Options.Degraded).
 	degraded map[string]bool
+	// unlogged holds, by counter, the UNLOGGED leaves of its source the
+	// partition watch last saw: such a counter is degraded too.
+	unlogged map[string][]string
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,6 +53,13 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 	if err != nil || !partitioned {
 		return err
 	}
+	unlogged, err := counter.UnloggedParts(ctx, d.pool, source)
+	if err != nil {
+		return err
+	}
+	if err := d.followUnlogged(ctx, c, unlogged); err != nil {
+		return err
+	}
 	saved, ok, err := state.SavedLeaves(ctx, d.pool, d.cfg.Slot, c.Name)
 	if err != nil {
 		return err
@@ -96,5 +105,47 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 		d.log.Warn("a source's partitions changed without row-level changes in the WAL; the counter is marked dirty and will be reconciled",
 			zap.String("counter", c.Name), zap.Strings("changes", changes))
 	}
+	return nil
+}
+
+// followUnlogged follows the UNLOGGED leaves of a counter's source: their
+// changes are not in the WAL, so while there is one the counter is
+// degraded (its repair waits, since every later write to the leaf would
+// undo it) and dirty, with the fix as the cause. Once no leaf is unlogged
+// (ALTER TABLE ... SET LOGGED, which rewrites the leaf, or the leaf
+// detached or dropped), the counter is keepable again and the reconciler
+// repairs it (docs/design.md, "Unlogged tables").
+func (d *Daemon) followUnlogged(ctx context.Context, c counter.Counter, names []string) error {
+	d.mu.Lock()
+	was := d.state.unlogged[c.Name]
+	if d.state.unlogged == nil {
+		d.state.unlogged = map[string][]string{}
+	}
+	d.state.unlogged[c.Name] = names
+	d.mu.Unlock()
+	switch {
+	case slices.Equal(was, names):
+		return nil
+	case len(names) == 0:
+		d.log.Info("no partition of the source is unlogged any more; the counter will be reconciled",
+			zap.String("counter", c.Name), zap.Strings("were_unlogged", was))
+		return nil
+	case len(was) > 0:
+		// Dirty already, and stays so until none is unlogged.
+		d.log.Warn("partitions of a source are UNLOGGED: their changes are not in the WAL", zap.String("counter", c.Name),
+			zap.Strings("unlogged", names), zap.String("fix", counter.SetLoggedFix(names)))
+		return nil
+	}
+	cause := fmt.Sprintf("%s has UNLOGGED partitions (%s): their changes are not in the WAL, so walcount cannot count them; fix: %s",
+		c.Source, strings.Join(names, ", "), counter.SetLoggedFix(names))
+	if err := state.MarkDirty(ctx, d.pool, d.cfg.Slot, c.Name, nil, cause); err != nil {
+		// Seen again at the next poll.
+		d.mu.Lock()
+		d.state.unlogged[c.Name] = was
+		d.mu.Unlock()
+		return err
+	}
+	d.log.Warn("partitions of a source are UNLOGGED: their changes are not in the WAL; the counter is degraded and dirty until they are logged",
+		zap.String("counter", c.Name), zap.Strings("unlogged", names), zap.String("fix", counter.SetLoggedFix(names)))
 	return nil
 }

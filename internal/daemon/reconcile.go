@@ -67,11 +67,12 @@ func (d *Daemon) degradedCounters() []string {
 }
 
 // keepable reports whether counter can be kept from the stream: false while
-// its source's replica identity lacks a column it reads.
+// its source's replica identity lacks a column it reads, or a partition of
+// its source is UNLOGGED.
 func (d *Daemon) keepable(name string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return !d.state.degraded[name]
+	return !d.state.degraded[name] && len(d.state.unlogged[name]) == 0
 }
 
 // ReconcileHandler serves POST /v1/reconcile.
