@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
 
@@ -128,5 +129,51 @@ func TestRowSecurityHidesRows(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestRowSecurityEnabledDuringReconcile: a policy enabled on likes while a
+// paced full reconciliation walks the posts. Every measurement after it
+// must refuse, so the run fails with the reason and corrects nothing from
+// the partial view (which would set every post it reaches to 0), not even
+// the drift it had not reached yet.
+func TestRowSecurityEnabledDuringReconcile(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, schema+`
+INSERT INTO likes (post_id, user_id) SELECT 1 + g % 50, 1 + g % 7 FROM generate_series(1, 300) g;
+UPDATE posts p SET likes_count = (SELECT count(*) FROM likes l WHERE l.post_id = p.id);
+`, nil)
+	e.asRole(t, "walcount_rls", false)
+	d := e.start()
+	if run := waitRun(t, d, 0); run.Status != state.StatusDone {
+		t.Fatalf("backfill %s: %s", run.Status, run.Error)
+	}
+	e.exec("UPDATE posts SET likes_count = likes_count + 7 WHERE id = 50")
+	rate := 10
+	run := startRun(t, d, reconcile.Request{BatchSize: 5, MaxKeysPerSecond: &rate})
+	waitFor(t, "the run under way", func() bool {
+		cur := d.d.ReconcileStatus().Current
+		return cur != nil && cur.ID == run.ID && cur.KeysChecked > 0
+	})
+	e.exec("ALTER TABLE likes ENABLE ROW LEVEL SECURITY")
+	e.exec("CREATE POLICY tenant ON likes USING (user_id = current_setting('app.user_id', true)::bigint)")
+	got := waitRun(t, d, run.ID)
+	if got.Status != state.StatusFailed || !strings.Contains(got.Error, "row-level security") {
+		t.Fatalf("run %s (%q) after row-level security was enabled midway, want it failed because of it", got.Status, got.Error)
+	}
+	if got.KeysChecked >= 50 {
+		t.Fatalf("the run checked all %d keys before the policy came: the test shows nothing", got.KeysChecked)
+	}
+	if got.Corrected != 0 {
+		t.Errorf("the run corrected %d keys", got.Corrected)
+	}
+	e.waitCaughtUp(catchUp)
+	if cached, truth := e.count(t, 50); cached != truth+7 {
+		t.Errorf("post 50: likes_count %d, want the drift left as it was (%d)", cached, truth+7)
+	}
+	e.exec("UPDATE posts SET likes_count = likes_count - 7 WHERE id = 50")
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
 	}
 }
