@@ -209,6 +209,7 @@ func fatal(err error) bool {
 		errors.Is(err, aggregator.ErrNotAttributable) ||
 		errors.Is(err, counter.ErrBadValue) ||
 		errors.Is(err, counter.ErrBadTarget) ||
+		errors.Is(err, counter.ErrPartialView) ||
 		errors.Is(err, state.ErrNoCheckpoint) ||
 		errors.Is(err, state.ErrNotSetUp) ||
 		errors.Is(err, state.ErrSchemaVersion) ||

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
@@ -175,5 +177,30 @@ UPDATE posts p SET likes_count = (SELECT count(*) FROM likes l WHERE l.post_id =
 	e.assertExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRowSecurityOnTargetStops: a policy lets walcount's role see only
+// some posts. The flush would take a hidden post for a deleted one and
+// drop its likes; the daemon refuses to stream instead, naming the fix,
+// and the counts stay as they were.
+func TestRowSecurityOnTargetStops(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, schema, nil)
+	e.asRole(t, "walcount_rls", false)
+	e.exec("ALTER TABLE posts ENABLE ROW LEVEL SECURITY")
+	e.exec("CREATE POLICY firsthalf ON posts USING (id <= 25)")
+	e.exec("INSERT INTO likes (post_id) SELECT 1 + g % 50 FROM generate_series(1, 100) g")
+	d := e.start()
+	err := d.wait(t, time.Minute)
+	if !errors.Is(err, counter.ErrPartialView) || !strings.Contains(err.Error(), "CREATE POLICY walcount_all ON public.posts FOR ALL TO walcount_rls USING (true) WITH CHECK (true);") {
+		t.Fatalf("Run = %v, want it stopped by the policy on posts, with the fix", err)
+	}
+	var counted int64
+	if err := e.db.QueryRow(context.Background(), "SELECT sum(likes_count) FROM posts").Scan(&counted); err != nil {
+		t.Fatal(err)
+	}
+	if counted != 0 {
+		t.Errorf("%d likes counted by a daemon that should not have flushed", counted)
 	}
 }
