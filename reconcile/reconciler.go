@@ -143,6 +143,10 @@ type Reconciler struct {
 	// unseen holds the dirty counters queueDirty found hidden by row-level
 	// security and warned about. It belongs to Run's goroutine.
 	unseen map[string]bool
+	// backfillHidden is set when a backfill failed because row-level
+	// security hid rows; it is queued again once they can be seen. It
+	// belongs to Run's goroutine.
+	backfillHidden bool
 }
 
 // New returns a Reconciler. Its Recorder must be wired into the
@@ -294,6 +298,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 	}()
 	for {
+		if r.streaming() && r.backfillHidden {
+			if err := r.retryBackfill(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("cannot queue the backfill again", zap.Error(err))
+			}
+		}
 		if r.streaming() {
 			if err := r.queueDirty(ctx); err != nil && ctx.Err() == nil {
 				r.log.Warn("cannot queue the repair of dirty counters", zap.Error(err))
@@ -469,6 +478,30 @@ func (r *Reconciler) backfill(ctx context.Context) error {
 	return nil
 }
 
+// retryBackfill queues the backfill again once row-level security, which
+// failed the last one, lets walcount's role see every row of the counters
+// that still need it.
+func (r *Reconciler) retryBackfill(ctx context.Context) error {
+	if _, ok, err := r.runs.Unfinished(ctx); err != nil || ok {
+		return err // one run at a time: ask again at the next poll
+	}
+	names, err := r.runs.NeedBackfill(ctx, r.opt.Counters)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		c, _ := r.counter(name)
+		if err := counter.CheckRowViews(ctx, r.opt.Pool, c); err != nil {
+			if errors.Is(err, counter.ErrPartialView) {
+				return nil // still hidden: ask again at the next poll
+			}
+			return err
+		}
+	}
+	r.backfillHidden = false
+	return r.backfill(ctx)
+}
+
 // runPending claims and executes every pending or interrupted run, oldest
 // first, while this daemon streams.
 func (r *Reconciler) runPending(ctx context.Context) error {
@@ -502,6 +535,9 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 			if err := counter.CheckRowViews(ctx, r.opt.Pool, c); err != nil {
 				if ctx.Err() != nil {
 					return nil // resumes after restart
+				}
+				if run.Kind == state.KindBackfill && errors.Is(err, counter.ErrPartialView) {
+					r.backfillHidden = true
 				}
 				return r.fail(ctx, run, err)
 			}
