@@ -210,3 +210,52 @@ func TestRowSecurityOnTargetStops(t *testing.T) {
 		t.Errorf("%d likes counted by a daemon that should not have flushed", counted)
 	}
 }
+
+// TestRowSecurityEnabledWhileReading: ENABLE ROW LEVEL SECURITY on likes
+// (no policy: walcount's role then sees no like at all) commits while a
+// reconcile's read waits for the lock the ALTER TABLE holds. The check in
+// the measurement's transaction came first and saw no policy apply; the
+// read, which sees the table as the committed ALTER left it, must fail
+// (row_security = off) rather than count through it.
+func TestRowSecurityEnabledWhileReading(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, schema+`
+INSERT INTO likes (post_id, user_id) SELECT 1 + g % 20, 1 + g % 7 FROM generate_series(1, 110) g;
+UPDATE posts p SET likes_count = (SELECT count(*) FROM likes l WHERE l.post_id = p.id);
+`, nil)
+	e.asRole(t, "walcount_rls", false)
+	ctx := context.Background()
+	d := e.start()
+	if run := waitRun(t, d, 0); run.Status != state.StatusDone || run.Corrected != 0 {
+		t.Fatalf("backfill %s, %d corrected (%s)", run.Status, run.Corrected, run.Error)
+	}
+	ddl, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ddl.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if _, err := ddl.Exec(ctx, "ALTER TABLE likes ENABLE ROW LEVEL SECURITY"); err != nil {
+		t.Fatal(err)
+	}
+	run := startRun(t, d, reconcile.Request{})
+	waitFor(t, "the reconcile's read waiting for the lock on likes", func() bool {
+		var waiting bool
+		_ = e.db.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_locks WHERE relation = 'likes'::regclass AND NOT granted)").Scan(&waiting)
+		return waiting
+	})
+	if err := ddl.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := waitRun(t, d, run.ID)
+	if got.Status != state.StatusFailed || !strings.Contains(got.Error, "query would be affected by row-level security policy") {
+		t.Fatalf("run %s (%q), want it failed by the read under row_security = off", got.Status, got.Error)
+	}
+	if got.Corrected != 0 {
+		t.Errorf("the run corrected %d keys", got.Corrected)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
