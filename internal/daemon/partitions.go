@@ -50,15 +50,21 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 	schema, name := counter.SplitTable(c.Source)
 	source := pgx.Identifier{schema, name}.Sanitize()
 	now, partitioned, err := state.ReadLeaves(ctx, d.pool, source)
-	if err != nil || !partitioned {
+	if err != nil {
 		return err
 	}
+	// PostgreSQL refuses SET UNLOGGED for a table named in a publication,
+	// but not for a partition, nor for a table a FOR ALL TABLES
+	// publication holds, which then leaves it.
 	unlogged, err := counter.UnloggedParts(ctx, d.pool, source)
 	if err != nil {
 		return err
 	}
-	if err := d.followUnlogged(ctx, c, unlogged); err != nil {
+	if err := d.followUnlogged(ctx, c, unlogged, partitioned); err != nil {
 		return err
+	}
+	if !partitioned {
+		return nil
 	}
 	saved, ok, err := state.SavedLeaves(ctx, d.pool, d.cfg.Slot, c.Name)
 	if err != nil {
@@ -108,14 +114,15 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 	return nil
 }
 
-// followUnlogged follows the UNLOGGED leaves of a counter's source: their
-// changes are not in the WAL, so while there is one the counter is
+// followUnlogged follows the UNLOGGED leaves of a counter's source (or the
+// source itself, not partitioned): their changes are not in the WAL, so
+// while there is one the counter is
 // degraded (its repair waits, since every later write to the leaf would
 // undo it) and dirty, with the fix as the cause. Once no leaf is unlogged
 // (ALTER TABLE ... SET LOGGED, which rewrites the leaf, or the leaf
 // detached or dropped), the counter is keepable again and the reconciler
 // repairs it (docs/design.md, "Unlogged tables").
-func (d *Daemon) followUnlogged(ctx context.Context, c counter.Counter, names []string) error {
+func (d *Daemon) followUnlogged(ctx context.Context, c counter.Counter, names []string, partitioned bool) error {
 	d.mu.Lock()
 	was := d.state.unlogged[c.Name]
 	if d.state.unlogged == nil {
@@ -138,6 +145,9 @@ func (d *Daemon) followUnlogged(ctx context.Context, c counter.Counter, names []
 	}
 	cause := fmt.Sprintf("%s has UNLOGGED partitions (%s): their changes are not in the WAL, so walcount cannot count them; fix: %s",
 		c.Source, strings.Join(names, ", "), counter.SetLoggedFix(names))
+	if !partitioned {
+		cause = fmt.Sprintf("%s is UNLOGGED: its changes are not in the WAL, so walcount cannot count them; fix: %s", c.Source, counter.SetLoggedFix(names))
+	}
 	if err := state.MarkDirty(ctx, d.pool, d.cfg.Slot, c.Name, nil, cause); err != nil {
 		// Seen again at the next poll.
 		d.mu.Lock()

@@ -175,3 +175,43 @@ ALTER TABLE likes_u REPLICA IDENTITY FULL;
 		t.Fatal(err)
 	}
 }
+
+// TestUnloggedSourceUnderAllTables: with a FOR ALL TABLES publication,
+// PostgreSQL lets ALTER TABLE likes SET UNLOGGED through, and likes then
+// silently leaves the publication. walcount reports the counter degraded
+// and dirty, and repairs it once likes is logged again.
+func TestUnloggedSourceUnderAllTables(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.exec("DROP PUBLICATION " + e.cfg.Publication)
+	e.exec("CREATE PUBLICATION " + e.cfg.Publication + " FOR ALL TABLES")
+	ctx := context.Background()
+	d := e.start()
+	waitRun(t, d, 0)
+	w := newWorkload(e.db)
+	w.run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+
+	e.exec("ALTER TABLE likes SET UNLOGGED")
+	e.exec("INSERT INTO likes (post_id) SELECT 1 + g % 50 FROM generate_series(1, 100) g")
+	waitFor(t, "the counter reported degraded and dirty", func() bool {
+		st := d.d.Status(ctx)
+		for _, m := range st.Dirty {
+			if strings.Contains(m.Cause, "public.likes is UNLOGGED") && strings.Contains(m.Cause, "ALTER TABLE public.likes SET LOGGED;") {
+				return len(st.Degraded) == 1
+			}
+		}
+		return false
+	})
+	e.exec("ALTER TABLE likes SET LOGGED")
+	w.run(ctx, 2, 50)
+	e.waitClean(t, 2*time.Minute)
+	if got := d.d.Status(ctx).Degraded; len(got) != 0 {
+		t.Errorf("still degraded after SET LOGGED: %v", got)
+	}
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
