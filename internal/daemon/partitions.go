@@ -20,7 +20,9 @@ import (
 // one partition (which pgoutput does not publish when the publication
 // publishes through the root) and ATTACH of a table that has rows change
 // a source's rows without a row-level change in the WAL; any of them marks
-// the counter dirty, and the reconciler repairs it (design rule 14).
+// the counter dirty, and the reconciler repairs it (design rule 14). It
+// also follows the UNLOGGED leaves of every source, or a source that is
+// itself unlogged (followUnlogged).
 func (d *Daemon) watchPartitions(ctx context.Context) {
 	t := time.NewTicker(d.cfg.SlotSettings.PollInterval)
 	defer t.Stop()
