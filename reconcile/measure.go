@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/cdc"
@@ -61,7 +63,7 @@ func (r *Reconciler) measureRetrying(ctx context.Context, sql *counter.Resolved,
 	for attempt := 1; attempt <= DefaultMaxAttempts; attempt++ {
 		var res roundResult
 		res, err = r.measure(ctx, sql, rq)
-		if err == nil || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil || errors.Is(err, counter.ErrPartialView) {
 			return res, err
 		}
 		if errors.Is(err, errTooManyChanges) && rq.survey != nil && rq.limit > 1 {
@@ -195,6 +197,9 @@ func (r *Reconciler) read(ctx context.Context, sql *counter.Resolved, rq *roundR
 		if snap, err = ParseSnapshot(s); err != nil {
 			return err
 		}
+		if err := guardRowSecurity(ctx, tx, sql.Counter); err != nil {
+			return err
+		}
 		if rq.survey != nil {
 			// A survey's statements are short and cheap for their plan's
 			// cost: compiling them would cost more than running them.
@@ -216,7 +221,37 @@ func (r *Reconciler) read(ctx context.Context, sql *counter.Resolved, rq *roundR
 		}
 		return nil
 	})
+	if err != nil && hiddenByPolicy(err) {
+		err = fmt.Errorf("counter %s: %w: %v", sql.Counter.Name, counter.ErrPartialView, err)
+	}
 	return snap, ws, res, err
+}
+
+// guardRowSecurity refuses a measurement that row-level security would
+// make partial: the counts would be those of the rows walcount's role sees.
+// When no policy applies to the role at all (the usual case: it owns the
+// tables or has BYPASSRLS, or they have none), it also sets row_security
+// off for the transaction, so that a policy enabled after this check makes
+// the reads fail instead of count less. A role that sees every row through
+// a policy USING (true) cannot have that guard: with row_security off,
+// PostgreSQL refuses any read that a policy applies to.
+func guardRowSecurity(ctx context.Context, tx pgx.Tx, c counter.Counter) error {
+	if err := counter.CheckRowViews(ctx, tx, c); err != nil {
+		return err
+	}
+	none, err := counter.NoRowSecurity(ctx, tx, c)
+	if err != nil || !none {
+		return err
+	}
+	_, err = tx.Exec(ctx, "SET LOCAL row_security = off")
+	return err
+}
+
+// hiddenByPolicy reports whether err is PostgreSQL refusing a read under
+// row_security = off because a policy applies to it.
+func hiddenByPolicy(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501" && strings.Contains(pgErr.Message, "row-level security")
 }
 
 func collect(ctx context.Context, tx pgx.Tx, query string, args []any, into map[string]int64) error {

@@ -140,6 +140,13 @@ type Reconciler struct {
 	// restart, or executed by another walcount, keeps to that walcount's
 	// MaxKeysPerSecond.
 	rates map[int64]int
+	// unseen holds the dirty counters queueDirty found hidden by row-level
+	// security and warned about. It belongs to Run's goroutine.
+	unseen map[string]bool
+	// backfillHidden is set when a backfill failed because row-level
+	// security hid rows; it is queued again once they can be seen. It
+	// belongs to Run's goroutine.
+	backfillHidden bool
 }
 
 // New returns a Reconciler. Its Recorder must be wired into the
@@ -168,12 +175,13 @@ func New(opt Options) *Reconciler {
 		opt.Metrics = metrics.New()
 	}
 	return &Reconciler{
-		opt:   opt,
-		log:   opt.Logger,
-		rec:   NewRecorder(opt.Slot, opt.Logger),
-		runs:  state.NewRuns(opt.Pool, opt.Slot),
-		kick:  make(chan struct{}, 1),
-		rates: map[int64]int{},
+		opt:    opt,
+		log:    opt.Logger,
+		rec:    NewRecorder(opt.Slot, opt.Logger),
+		runs:   state.NewRuns(opt.Pool, opt.Slot),
+		kick:   make(chan struct{}, 1),
+		rates:  map[int64]int{},
+		unseen: map[string]bool{},
 	}
 }
 
@@ -290,6 +298,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 	}()
 	for {
+		if r.streaming() && r.backfillHidden {
+			if err := r.retryBackfill(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("cannot queue the backfill again", zap.Error(err))
+			}
+		}
 		if r.streaming() {
 			if err := r.queueDirty(ctx); err != nil && ctx.Err() == nil {
 				r.log.Warn("cannot queue the repair of dirty counters", zap.Error(err))
@@ -343,6 +356,7 @@ func (r *Reconciler) queueDirty(ctx context.Context) error {
 	}
 	by := map[string]*repair{}
 	var order []string
+	hidden := map[string]bool{} // by counter, read once per call
 	for _, m := range marks {
 		if _, ok := r.counter(m.Counter); !ok {
 			// The counter left the configuration: nothing to repair.
@@ -353,6 +367,16 @@ func (r *Reconciler) queueDirty(ctx context.Context) error {
 		}
 		if r.opt.Keepable != nil && !r.opt.Keepable(m.Counter) {
 			continue
+		}
+		h, read := hidden[m.Counter]
+		if !read {
+			if h, err = r.hidden(ctx, m.Counter); err != nil {
+				return err
+			}
+			hidden[m.Counter] = h
+		}
+		if h {
+			continue // stays dirty, and listed as such, until its rows can be seen
 		}
 		rp := by[m.Counter]
 		if rp == nil {
@@ -380,6 +404,27 @@ func (r *Reconciler) queueDirty(ctx context.Context) error {
 		r.log.Info("repairing a dirty counter", zap.String("counter", name), zap.Bool("every_key", rp.all), zap.Int("keys", len(rp.keys)))
 	}
 	return nil
+}
+
+// hidden reports whether row-level security hides rows of the counter's
+// tables from walcount's role. It logs why the first time it does, and
+// again only after they could be seen meanwhile.
+func (r *Reconciler) hidden(ctx context.Context, name string) (bool, error) {
+	c, _ := r.counter(name)
+	err := counter.CheckRowViews(ctx, r.opt.Pool, c)
+	if err == nil {
+		delete(r.unseen, name)
+		return false, nil
+	}
+	if !errors.Is(err, counter.ErrPartialView) {
+		return false, err
+	}
+	if !r.unseen[name] {
+		r.unseen[name] = true
+		r.log.Warn("a dirty counter is not repaired: row-level security hides rows of its tables from walcount's role, so no correction can be measured; it stays dirty",
+			zap.String("counter", name), zap.Error(err))
+	}
+	return true, nil
 }
 
 // waitStore waits until walcount's state schema is there, in the version
@@ -433,6 +478,30 @@ func (r *Reconciler) backfill(ctx context.Context) error {
 	return nil
 }
 
+// retryBackfill queues the backfill again once row-level security, which
+// failed the last one, lets walcount's role see every row of the counters
+// that still need it.
+func (r *Reconciler) retryBackfill(ctx context.Context) error {
+	if _, ok, err := r.runs.Unfinished(ctx); err != nil || ok {
+		return err // one run at a time: ask again at the next poll
+	}
+	names, err := r.runs.NeedBackfill(ctx, r.opt.Counters)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		c, _ := r.counter(name)
+		if err := counter.CheckRowViews(ctx, r.opt.Pool, c); err != nil {
+			if errors.Is(err, counter.ErrPartialView) {
+				return nil // still hidden: ask again at the next poll
+			}
+			return err
+		}
+	}
+	r.backfillHidden = false
+	return r.backfill(ctx)
+}
+
 // runPending claims and executes every pending or interrupted run, oldest
 // first, while this daemon streams.
 func (r *Reconciler) runPending(ctx context.Context) error {
@@ -458,6 +527,22 @@ func (r *Reconciler) runPending(ctx context.Context) error {
 func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	start := time.Now()
 	resumed := run.Status == state.StatusRunning
+	// A count through row-level security that hides rows is a count of
+	// what the policies let through: refuse before anything is measured
+	// or written (docs/design.md, "Row-level security").
+	for _, name := range run.Counters {
+		if c, ok := r.counter(name); ok {
+			if err := counter.CheckRowViews(ctx, r.opt.Pool, c); err != nil {
+				if ctx.Err() != nil {
+					return nil // resumes after restart
+				}
+				if run.Kind == state.KindBackfill && errors.Is(err, counter.ErrPartialView) {
+					r.backfillHidden = true
+				}
+				return r.fail(ctx, run, err)
+			}
+		}
+	}
 	run.Status = state.StatusRunning
 	if !resumed && run.Keys != nil {
 		run.Total = int64(len(run.Keys))

@@ -168,6 +168,30 @@ CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
 			t.Fatalf("check: exit %d, want 1 and the identity problem with its fix", code)
 		}
 	})
+	t.Run("an unlogged partition of the source", func(t *testing.T) {
+		t.Parallel()
+		c := newCLI(t, testenv.Database(t), `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigint NOT NULL, post_id bigint NOT NULL) PARTITION BY RANGE (post_id);
+CREATE TABLE likes_a PARTITION OF likes FOR VALUES FROM (0) TO (100);
+CREATE UNLOGGED TABLE likes_b PARTITION OF likes FOR VALUES FROM (100) TO (200);
+ALTER TABLE likes_a REPLICA IDENTITY FULL;
+ALTER TABLE likes_b REPLICA IDENTITY FULL;
+CREATE INDEX ON likes (post_id);`)
+		// Its rows are never in the WAL: setup, run and check refuse
+		// with the configuration's exit status and the fix.
+		const says = "source public.likes has UNLOGGED partitions (public.likes_b)"
+		const fix = "fix: ALTER TABLE public.likes_b SET LOGGED;"
+		for _, cmd := range []string{"setup", "run", "check"} {
+			code, out := c.run(cmd)
+			if code != exitUsage || !strings.Contains(out, says) || !strings.Contains(out, fix) {
+				t.Fatalf("%s: exit %d, want %d and the unlogged partition with its fix; output:\n%s", cmd, code, exitUsage, out)
+			}
+			if n := c.count("SELECT count(*) FROM pg_namespace WHERE nspname = 'walcount'") + c.count("SELECT count(*) FROM pg_publication"); n != 0 {
+				t.Fatalf("a refused %s created walcount's schema or publication", cmd)
+			}
+		}
+	})
 	t.Run("not set up", func(t *testing.T) {
 		t.Parallel()
 		c := newCLI(t, testenv.Database(t), goodSchema)

@@ -120,6 +120,9 @@ type daemonState struct {
 	// the publication holds, with why (see relations.go).
 	bound   map[string]uint32
 	unbound map[string]string
+	// unlogged holds, by counter, the UNLOGGED leaves of its source the
+	// partition watch last saw: such a counter is degraded too.
+	unlogged map[string][]string
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.
@@ -211,6 +214,7 @@ func fatal(err error) bool {
 		errors.Is(err, aggregator.ErrNotAttributable) ||
 		errors.Is(err, counter.ErrBadValue) ||
 		errors.Is(err, counter.ErrBadTarget) ||
+		errors.Is(err, counter.ErrPartialView) ||
 		errors.Is(err, state.ErrNoCheckpoint) ||
 		errors.Is(err, state.ErrNotSetUp) ||
 		errors.Is(err, state.ErrSchemaVersion) ||

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +20,9 @@ import (
 // one partition (which pgoutput does not publish when the publication
 // publishes through the root) and ATTACH of a table that has rows change
 // a source's rows without a row-level change in the WAL; any of them marks
-// the counter dirty, and the reconciler repairs it (design rule 14).
+// the counter dirty, and the reconciler repairs it (design rule 14). It
+// also follows the UNLOGGED leaves of every source, or a source that is
+// itself unlogged (followUnlogged).
 func (d *Daemon) watchPartitions(ctx context.Context) {
 	t := time.NewTicker(d.cfg.SlotSettings.PollInterval)
 	defer t.Stop()
@@ -48,8 +52,21 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 	schema, name := counter.SplitTable(c.Source)
 	source := pgx.Identifier{schema, name}.Sanitize()
 	now, partitioned, err := state.ReadLeaves(ctx, d.pool, source)
-	if err != nil || !partitioned {
+	if err != nil {
 		return err
+	}
+	// PostgreSQL refuses SET UNLOGGED for a table named in a publication,
+	// but not for a partition, nor for a table a FOR ALL TABLES
+	// publication holds, which then leaves it.
+	unlogged, err := counter.UnloggedParts(ctx, d.pool, source)
+	if err != nil {
+		return err
+	}
+	if err := d.followUnlogged(ctx, c, unlogged, partitioned); err != nil {
+		return err
+	}
+	if !partitioned {
+		return nil
 	}
 	saved, ok, err := state.SavedLeaves(ctx, d.pool, d.cfg.Slot, c.Name)
 	if err != nil {
@@ -96,5 +113,51 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 		d.log.Warn("a source's partitions changed without row-level changes in the WAL; the counter is marked dirty and will be reconciled",
 			zap.String("counter", c.Name), zap.Strings("changes", changes))
 	}
+	return nil
+}
+
+// followUnlogged follows the UNLOGGED leaves of a counter's source (or the
+// source itself, not partitioned): their changes are not in the WAL, so
+// while there is one the counter is
+// degraded (its repair waits, since every later write to the leaf would
+// undo it) and dirty, with the fix as the cause. Once no leaf is unlogged
+// (ALTER TABLE ... SET LOGGED, which rewrites the leaf, or the leaf
+// detached or dropped), the counter is keepable again and the reconciler
+// repairs it (docs/design.md, "Unlogged tables").
+func (d *Daemon) followUnlogged(ctx context.Context, c counter.Counter, names []string, partitioned bool) error {
+	d.mu.Lock()
+	was := d.state.unlogged[c.Name]
+	if d.state.unlogged == nil {
+		d.state.unlogged = map[string][]string{}
+	}
+	d.state.unlogged[c.Name] = names
+	d.mu.Unlock()
+	switch {
+	case slices.Equal(was, names):
+		return nil
+	case len(names) == 0:
+		d.log.Info("no partition of the source is unlogged any more; the counter will be reconciled",
+			zap.String("counter", c.Name), zap.Strings("were_unlogged", was))
+		return nil
+	case len(was) > 0:
+		// Dirty already, and stays so until none is unlogged.
+		d.log.Warn("partitions of a source are UNLOGGED: their changes are not in the WAL", zap.String("counter", c.Name),
+			zap.Strings("unlogged", names), zap.String("fix", counter.SetLoggedFix(names)))
+		return nil
+	}
+	cause := fmt.Sprintf("%s has UNLOGGED partitions (%s): their changes are not in the WAL, so walcount cannot count them; fix: %s",
+		c.Source, strings.Join(names, ", "), counter.SetLoggedFix(names))
+	if !partitioned {
+		cause = fmt.Sprintf("%s is UNLOGGED: its changes are not in the WAL, so walcount cannot count them; fix: %s", c.Source, counter.SetLoggedFix(names))
+	}
+	if err := state.MarkDirty(ctx, d.pool, d.cfg.Slot, c.Name, nil, cause); err != nil {
+		// Seen again at the next poll.
+		d.mu.Lock()
+		d.state.unlogged[c.Name] = was
+		d.mu.Unlock()
+		return err
+	}
+	d.log.Warn("partitions of a source are UNLOGGED: their changes are not in the WAL; the counter is degraded and dirty until they are logged",
+		zap.String("counter", c.Name), zap.Strings("unlogged", names), zap.String("fix", counter.SetLoggedFix(names)))
 	return nil
 }

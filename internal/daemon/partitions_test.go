@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,6 +111,106 @@ func TestPartitionedSource(t *testing.T) {
 		e.assertExact()
 	}
 	w.report(t)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnloggedPartitionAttached: an UNLOGGED table attached as a partition
+// of likes while walcount streams, and written to: none of its rows is in
+// the WAL. walcount must not miss that silently: the counter is reported
+// degraded and dirty, and is not repaired while the partition stays
+// unlogged (each later write would undo the repair). Once the partition is
+// SET LOGGED, the counter is repaired by itself and exact again.
+func TestUnloggedPartitionAttached(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, partitionedSchema+`
+INSERT INTO posts (id) SELECT g FROM generate_series(52, 59) g;
+CREATE UNLOGGED TABLE likes_u (LIKE likes);
+ALTER TABLE likes_u REPLICA IDENTITY FULL;
+`, nil)
+	ctx := context.Background()
+	d := e.start()
+	waitRun(t, d, 0)
+	w := newWorkload(e.db)
+	w.run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+
+	e.exec("ALTER TABLE likes ATTACH PARTITION likes_u FOR VALUES FROM (52) TO (60)")
+	e.exec("INSERT INTO likes (post_id) SELECT 52 + g % 8 FROM generate_series(1, 40) g")
+	waitFor(t, "the counter reported degraded and dirty", func() bool {
+		st := d.d.Status(ctx)
+		for _, m := range st.Dirty {
+			if strings.Contains(m.Cause, "UNLOGGED") && strings.Contains(m.Cause, "ALTER TABLE public.likes_u SET LOGGED;") {
+				return len(st.Degraded) == 1 && st.Degraded[0] == "post_likes"
+			}
+		}
+		return false
+	})
+	w.run(ctx, 2, 50)
+	e.exec("INSERT INTO likes (post_id) SELECT 52 + g % 8 FROM generate_series(1, 40) g")
+	e.waitCaughtUp(catchUp)
+	cached, truth := e.count(t, 52)
+	if cached == truth {
+		t.Fatalf("post 52: likes_count %d equals COUNT(*) although its likes are in an unlogged partition: the test shows nothing", cached)
+	}
+	var repairs int
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM walcount.reconcile_runs WHERE kind = 'dirty'").Scan(&repairs); err != nil {
+		t.Fatal(err)
+	}
+	if repairs != 0 {
+		t.Errorf("%d repairs started while the partition is unlogged", repairs)
+	}
+
+	e.exec("ALTER TABLE likes_u SET LOGGED")
+	w.run(ctx, 2, 50)
+	e.exec("INSERT INTO likes (post_id) SELECT 52 + g % 8 FROM generate_series(1, 40) g")
+	e.waitClean(t, 2*time.Minute)
+	if got := d.d.Status(ctx).Degraded; len(got) != 0 {
+		t.Errorf("still degraded after SET LOGGED: %v", got)
+	}
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnloggedSourceUnderAllTables: with a FOR ALL TABLES publication,
+// PostgreSQL lets ALTER TABLE likes SET UNLOGGED through, and likes then
+// silently leaves the publication. walcount reports the counter degraded
+// and dirty, and repairs it once likes is logged again.
+func TestUnloggedSourceUnderAllTables(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.exec("DROP PUBLICATION " + e.cfg.Publication)
+	e.exec("CREATE PUBLICATION " + e.cfg.Publication + " FOR ALL TABLES")
+	ctx := context.Background()
+	d := e.start()
+	waitRun(t, d, 0)
+	w := newWorkload(e.db)
+	w.run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+
+	e.exec("ALTER TABLE likes SET UNLOGGED")
+	e.exec("INSERT INTO likes (post_id) SELECT 1 + g % 50 FROM generate_series(1, 100) g")
+	waitFor(t, "the counter reported degraded and dirty", func() bool {
+		st := d.d.Status(ctx)
+		for _, m := range st.Dirty {
+			if strings.Contains(m.Cause, "public.likes is UNLOGGED") && strings.Contains(m.Cause, "ALTER TABLE public.likes SET LOGGED;") {
+				return len(st.Degraded) == 1
+			}
+		}
+		return false
+	})
+	e.exec("ALTER TABLE likes SET LOGGED")
+	w.run(ctx, 2, 50)
+	e.waitClean(t, 2*time.Minute)
+	if got := d.d.Status(ctx).Degraded; len(got) != 0 {
+		t.Errorf("still degraded after SET LOGGED: %v", got)
+	}
+	e.assertExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}

@@ -67,13 +67,14 @@ func (d *Daemon) degradedCounters() []string {
 }
 
 // keepable reports whether counter can be kept from the stream: false while
-// its source's replica identity lacks a column it reads, or while its
-// tables are not what the publication holds (relations.go).
+// its source's replica identity lacks a column it reads, a partition of
+// its source is UNLOGGED, or its tables are not what the publication holds
+// (relations.go).
 func (d *Daemon) keepable(name string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	_, unbound := d.state.unbound[name]
-	return !d.state.degraded[name] && !unbound
+	return !d.state.degraded[name] && len(d.state.unlogged[name]) == 0 && !unbound
 }
 
 // ReconcileHandler serves POST /v1/reconcile.

@@ -13,6 +13,7 @@ import (
 	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/sink"
@@ -68,6 +69,14 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	}
 	if err := state.CheckOwnership(ctx, d.pool, d.cfg.Slot, d.cfg.Counters); err != nil {
 		return nil, err
+	}
+	// A target row that row-level security hides from the flush would
+	// look deleted, and its deltas would be dropped. (A source's policies
+	// do not matter to the stream, only to reconciliation.)
+	for _, c := range d.cfg.Counters {
+		if err := counter.CheckTargetView(ctx, d.pool, c); err != nil {
+			return nil, err
+		}
 	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
 		Pool:       d.pool,

@@ -67,6 +67,8 @@ const (
 	CheckRedisEviction    = "redis_eviction"
 	CheckTargetIdentity   = "target_identity"
 	CheckOwnership        = "ownership"
+	CheckRowSecurity      = "row_security"
+	CheckLogged           = "logged"
 )
 
 // Cause says what must change to resolve a Finding.

@@ -2,6 +2,7 @@ package preflight_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -680,4 +681,170 @@ func TestPostgresUnreachable(t *testing.T) {
 	if strings.Contains(err.Error(), "secret") {
 		t.Errorf("error shows the password: %v", err)
 	}
+}
+
+// walcountRole creates a role with LOGIN, REPLICATION and exactly the
+// grants check asks for on goodSchema's tables and walcount's state, and
+// returns its name and a Config that connects as it.
+func walcountRole(t *testing.T, f *fixture) (string, config.Config) {
+	t.Helper()
+	role := fmt.Sprintf("preflight_rls_%d_%d", os.Getpid(), slotSeq.Add(1))
+	f.exec(t, "CREATE ROLE "+role+" LOGIN REPLICATION")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = f.conn.Exec(ctx, "DROP OWNED BY "+role)
+		_, _ = f.conn.Exec(ctx, "DROP ROLE "+role)
+	})
+	f.exec(t, "GRANT SELECT ON likes TO "+role)
+	f.exec(t, "GRANT SELECT (id, likes_count), UPDATE (likes_count) ON posts TO "+role)
+	f.exec(t, "GRANT USAGE ON SCHEMA walcount TO "+role)
+	f.exec(t, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO "+role)
+	f.exec(t, "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO "+role)
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatalf("parse database URL: %v", err)
+	}
+	u.User = url.User(role)
+	cfg := f.cfg
+	cfg.DatabaseURL = u.String()
+	return role, cfg
+}
+
+// TestRowSecurity: a policy that hides rows of the source or the target
+// from walcount's role is a problem (exit status 1, like a missing
+// privilege) with the fix; BYPASSRLS, or a permissive policy USING (true)
+// for the role, makes it measurable; FORCE ROW LEVEL SECURITY applies to a
+// role that owns the table.
+func TestRowSecurity(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, goodSchema)
+	f.setUp(t)
+	role, cfg := walcountRole(t, f)
+	gate := func(t *testing.T, findings []preflight.Finding) {
+		t.Helper()
+		var ref *preflight.Refusal
+		if err := preflight.Gate(findings); !errors.As(err, &ref) {
+			t.Fatalf("Gate = %v, want a refusal", err)
+		} else if ref.ConfigProblem() {
+			t.Error("row-level security is classified as a configuration problem (exit 2); it is the database's to fix, like a privilege")
+		}
+	}
+	clean := func(t *testing.T) {
+		t.Helper()
+		findings := run(t, cfg)
+		none(t, findings, preflight.CheckRowSecurity, preflight.Problem)
+		if preflight.HasProblems(findings) {
+			t.Error("problems remain")
+		}
+	}
+	clean(t)
+
+	f.exec(t, "ALTER TABLE likes ENABLE ROW LEVEL SECURITY")
+	f.exec(t, "CREATE POLICY tenant ON likes USING (user_id = current_setting('app.user_id', true)::bigint)")
+	t.Run("a tenant policy on the source", func(t *testing.T) {
+		findings := run(t, cfg)
+		p := want(t, findings, preflight.CheckRowSecurity, preflight.Problem, "row-level security is enabled on public.likes and applies to role "+role)
+		if !strings.Contains(p.Message, "none is a permissive one USING (true) for SELECT") {
+			t.Errorf("the message does not say what is missing: %s", p.Message)
+		}
+		wantFix(t, p, "ALTER ROLE "+role+" BYPASSRLS; (as a superuser) or CREATE POLICY walcount_all ON public.likes FOR SELECT TO "+role+" USING (true);")
+		gate(t, findings)
+	})
+	t.Run("a permissive policy that only looks like true", func(t *testing.T) {
+		f.exec(t, "CREATE POLICY nearly ON likes FOR SELECT TO "+role+" USING (1 = 1)")
+		defer f.exec(t, "DROP POLICY nearly ON likes")
+		want(t, run(t, cfg), preflight.CheckRowSecurity, preflight.Problem, "public.likes")
+	})
+	t.Run("a policy USING (true) for the role", func(t *testing.T) {
+		f.exec(t, "CREATE POLICY walcount_all ON likes FOR SELECT TO "+role+" USING (true)")
+		want(t, run(t, cfg), preflight.CheckRowSecurity, preflight.OK, "a policy USING (true) lets it see every row")
+		clean(t)
+	})
+	t.Run("and a restrictive policy", func(t *testing.T) {
+		f.exec(t, "CREATE POLICY recent ON likes AS RESTRICTIVE FOR SELECT USING (id > 0)")
+		defer f.exec(t, "DROP POLICY recent ON likes")
+		p := want(t, run(t, cfg), preflight.CheckRowSecurity, preflight.Problem, "restrictive policy recent applies")
+		if !strings.Contains(p.Fix, "drop or widen restrictive policy recent") {
+			t.Errorf("fix %q does not name the restrictive policy", p.Fix)
+		}
+	})
+	t.Run("on the target", func(t *testing.T) {
+		f.exec(t, "ALTER TABLE posts ENABLE ROW LEVEL SECURITY")
+		f.exec(t, "CREATE POLICY sel ON posts FOR SELECT TO "+role+" USING (true)")
+		defer f.exec(t, "ALTER TABLE posts DISABLE ROW LEVEL SECURITY")
+		p := want(t, run(t, cfg), preflight.CheckRowSecurity, preflight.Problem, "on public.posts")
+		if !strings.Contains(p.Message, "for SELECT and for UPDATE") || !strings.Contains(p.Message, "the flush could not update the rows it does not see") {
+			t.Errorf("the message does not say why the target matters: %s", p.Message)
+		}
+		wantFix(t, p, "ALTER ROLE "+role+" BYPASSRLS; (as a superuser) or CREATE POLICY walcount_all ON public.posts FOR ALL TO "+role+" USING (true) WITH CHECK (true);")
+		f.exec(t, "CREATE POLICY upd ON posts FOR UPDATE TO "+role+" USING (true)")
+		findings := run(t, cfg)
+		none(t, findings, preflight.CheckRowSecurity, preflight.Problem)
+	})
+	f.exec(t, "DROP POLICY walcount_all ON likes")
+
+	t.Run("FORCE ROW LEVEL SECURITY on a table the role owns", func(t *testing.T) {
+		f.exec(t, "ALTER TABLE likes OWNER TO "+role)
+		want(t, run(t, cfg), preflight.CheckRowSecurity, preflight.OK, "row-level security of public.likes does not apply to role "+role)
+		f.exec(t, "ALTER TABLE likes FORCE ROW LEVEL SECURITY")
+		findings := run(t, cfg)
+		p := want(t, findings, preflight.CheckRowSecurity, preflight.Problem, "although it owns the table, because of FORCE ROW LEVEL SECURITY")
+		wantFix(t, p, "ALTER ROLE "+role+" BYPASSRLS; (as a superuser) or CREATE POLICY walcount_all ON public.likes FOR SELECT TO "+role+" USING (true); or ALTER TABLE public.likes NO FORCE ROW LEVEL SECURITY;")
+		gate(t, findings)
+		f.exec(t, "ALTER ROLE "+role+" BYPASSRLS")
+		clean(t)
+	})
+}
+
+// TestUnlogged: an UNLOGGED source, or an unlogged partition of one, is
+// never in the WAL: a configuration problem (exit status 2) with the fix.
+func TestUnlogged(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigint NOT NULL, post_id bigint NOT NULL) PARTITION BY RANGE (id);
+CREATE TABLE likes_1 PARTITION OF likes FOR VALUES FROM (0) TO (1000);
+CREATE UNLOGGED TABLE likes_2 PARTITION OF likes FOR VALUES FROM (1000) TO (2000);
+ALTER TABLE likes_1 REPLICA IDENTITY FULL;
+ALTER TABLE likes_2 REPLICA IDENTITY FULL;
+CREATE INDEX ON likes (post_id);
+CREATE UNLOGGED TABLE plain_likes (id bigint PRIMARY KEY, post_id bigint NOT NULL);`)
+	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts WITH (publish_via_partition_root = true)")
+	f.createSlot(t, "pgoutput")
+	f.createCheckpoint(t, "")
+	if err := state.Claim(context.Background(), f.conn, f.cfg.Slot, f.cfg.Counters); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(t *testing.T, findings []preflight.Finding) {
+		t.Helper()
+		var ref *preflight.Refusal
+		if err := preflight.Gate(findings); !errors.As(err, &ref) {
+			t.Fatalf("Gate = %v, want a refusal", err)
+		} else if !ref.ConfigProblem() {
+			t.Error("an unlogged source is not a configuration problem (exit 2)")
+		}
+	}
+
+	t.Run("an unlogged partition", func(t *testing.T) {
+		findings := run(t, f.cfg)
+		p := want(t, findings, preflight.CheckLogged, preflight.Problem, "source public.likes has UNLOGGED partitions (public.likes_2): its changes are not in the WAL")
+		wantFix(t, p, "ALTER TABLE public.likes_2 SET LOGGED;")
+		refused(t, findings)
+	})
+	t.Run("an unlogged table", func(t *testing.T) {
+		cfg := f.cfg
+		cfg.Counters = []counter.Counter{{Name: "plain", Source: "plain_likes", Key: "post_id", Target: "posts", TargetKey: "id", Column: "likes_count"}}
+		findings := run(t, cfg)
+		p := want(t, findings, preflight.CheckLogged, preflight.Problem, "source public.plain_likes is UNLOGGED")
+		wantFix(t, p, "ALTER TABLE public.plain_likes SET LOGGED;")
+		refused(t, findings)
+	})
+	t.Run("set logged", func(t *testing.T) {
+		f.exec(t, "ALTER TABLE likes_2 SET LOGGED")
+		findings := run(t, f.cfg)
+		none(t, findings, preflight.CheckLogged, preflight.Problem)
+		if preflight.HasProblems(findings) {
+			t.Error("problems remain")
+		}
+	})
 }

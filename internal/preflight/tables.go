@@ -101,6 +101,12 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 	if err := r.checkPrivileges(c, src, tgt, prefix); err != nil {
 		return err
 	}
+	if err := r.checkRowSecurity(src, tgt, prefix); err != nil {
+		return err
+	}
+	if err := r.checkLogged(src, tgt, prefix); err != nil {
+		return err
+	}
 	if err := r.checkIndexes(c, src, tgt, prefix); err != nil {
 		return err
 	}
@@ -445,4 +451,62 @@ func (r *run) checkTargetIdentity(c counter.Counter, tgt *table, prefix string) 
 		fmt.Sprintf("%starget key %s.%s is not in the replica identity of %s: when a row is deleted walcount cannot tell which key's buffered deltas to drop, and they would land on a row inserted later with the same key",
 			prefix, tgt.sql, r.ident(c.TargetKey), tgt.sql),
 		fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL; (or a unique index on %s and REPLICA IDENTITY USING INDEX)", tgt.sql, r.ident(c.TargetKey)))
+}
+
+// checkRowSecurity checks that row-level security lets the role see every
+// row of the source (reconciliation counts them) and of the target (the
+// flush updates them): a policy that hides rows makes COUNT(*) count only
+// the rows it lets through, with no error, and a backfill or reconcile
+// would "correct" exact counters to that (docs/design.md, "Row-level
+// security"). Like a missing privilege, it is the database's to fix.
+func (r *run) checkRowSecurity(src, tgt *table, prefix string) error {
+	for _, t := range []struct {
+		t      *table
+		source bool
+	}{{src, true}, {tgt, false}} {
+		v, err := counter.ReadRowView(r.ctx, r.conn, t.t.sql, t.source)
+		if err != nil {
+			return r.queryFailed(CheckRowSecurity, prefix+"row-level security of "+t.t.sql, err)
+		}
+		switch {
+		case v.Partial():
+			r.problem(CheckRowSecurity, prefix+v.Why(), v.Fix())
+		case v.Active:
+			r.ok(CheckRowSecurity, fmt.Sprintf("%srow-level security applies to role %s on %s, and a policy USING (true) lets it see every row", prefix, r.user, t.t.sql))
+		case v.Enabled:
+			r.ok(CheckRowSecurity, fmt.Sprintf("%srow-level security of %s does not apply to role %s", prefix, t.t.sql, r.user))
+		}
+	}
+	return nil
+}
+
+// checkLogged checks that the source and target, and every partition of
+// them, are logged: changes of an UNLOGGED table are not in the WAL, so
+// walcount would never count them, and an unlogged target loses its
+// counts at a crash while W says they were applied. Counting such a table
+// is a configuration walcount cannot run with, hence a configuration
+// problem (exit status 2), whose fix is to make the table logged.
+func (r *run) checkLogged(src, tgt *table, prefix string) error {
+	for _, t := range []struct {
+		t    *table
+		role string
+	}{{src, "source"}, {tgt, "target"}} {
+		unlogged, err := counter.UnloggedParts(r.ctx, r.conn, t.t.sql)
+		if err != nil {
+			return r.queryFailed(CheckLogged, prefix+"persistence of "+t.t.sql, err)
+		}
+		if len(unlogged) == 0 {
+			continue
+		}
+		what := "its changes are not in the WAL, so walcount would never count them"
+		if t.role == "target" {
+			what = "its changes are not in the WAL, and a crash empties it while walcount's checkpoint says the counts are applied"
+		}
+		which := fmt.Sprintf("%s %s is UNLOGGED", t.role, t.t.sql)
+		if len(unlogged) > 1 || unlogged[0] != t.t.sql {
+			which = fmt.Sprintf("%s %s has UNLOGGED partitions (%s)", t.role, t.t.sql, strings.Join(unlogged, ", "))
+		}
+		r.configProblem(CheckLogged, fmt.Sprintf("%s%s: %s", prefix, which, what), counter.SetLoggedFix(unlogged))
+	}
+	return nil
 }
