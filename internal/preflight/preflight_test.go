@@ -809,9 +809,9 @@ ALTER TABLE likes_1 REPLICA IDENTITY FULL;
 ALTER TABLE likes_2 REPLICA IDENTITY FULL;
 CREATE INDEX ON likes (post_id);
 CREATE UNLOGGED TABLE plain_likes (id bigint PRIMARY KEY, post_id bigint NOT NULL);`)
-	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts WITH (publish_via_partition_root = true)")
 	f.createSlot(t, "pgoutput")
 	f.createCheckpoint(t, "")
+	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts, walcount.messages WITH (publish_via_partition_root = true)")
 	if err := state.Claim(context.Background(), f.conn, f.cfg.Slot, f.cfg.Counters); err != nil {
 		t.Fatal(err)
 	}
