@@ -84,6 +84,7 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 		newStatusCmd(g),
 		newReconcileCmd(g),
 		newVersionCmd(),
+		newHealthcheckCmd(g),
 		newDemoCmd(g),
 	)
 	for _, c := range root.Commands() {
