@@ -3,7 +3,7 @@
 GO ?= go
 BIN = bin/walcount
 
-.PHONY: all build install deps deps-demo deps-bench test test-matrix pg lint demo bench clean
+.PHONY: all build install image deps deps-demo deps-bench test test-matrix pg lint demo bench clean
 
 all: build
 
@@ -22,6 +22,17 @@ install: build
 	cp $(BIN) "$(INSTALL_DIR)/walcount"
 	@echo "installed $(INSTALL_DIR)/walcount"
 	@case ":$$PATH:" in *":$(INSTALL_DIR):"*) ;; *) echo "note: $(INSTALL_DIR) is not in PATH; add it, e.g. export PATH=\"$(INSTALL_DIR):\$$PATH\"" ;; esac
+
+# image builds the container image walcount:$(IMAGE_TAG) with the version,
+# commit and modified flag of this checkout stamped in (the build context
+# has no .git). It needs a Docker engine.
+GIT_VERSION = $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+GIT_REVISION = $(shell git rev-parse HEAD 2>/dev/null)
+GIT_MODIFIED = $(shell if [ -z "$(GIT_REVISION)" ]; then echo; elif [ -z "$$(git status --porcelain 2>/dev/null)" ]; then echo false; else echo true; fi)
+IMAGE_TAG ?= $(GIT_VERSION)
+image:
+	docker build --build-arg VERSION=$(GIT_VERSION) --build-arg REVISION=$(GIT_REVISION) \
+		--build-arg MODIFIED=$(GIT_MODIFIED) -t walcount:$(IMAGE_TAG) .
 
 # deps installs (as root) or names what the tests need: PostgreSQL >= 14
 # server binaries, redis-server and promtool. deps-demo and deps-bench
