@@ -3,7 +3,7 @@
 GO ?= go
 BIN = bin/walcount
 
-.PHONY: all build install image deps deps-demo deps-bench test test-matrix pg lint demo bench clean
+.PHONY: all build install image release-snapshot test-release deps deps-demo deps-bench test test-matrix pg lint demo bench clean
 
 all: build
 
@@ -33,6 +33,20 @@ IMAGE_TAG ?= $(GIT_VERSION)
 image:
 	docker build --build-arg VERSION=$(GIT_VERSION) --build-arg REVISION=$(GIT_REVISION) \
 		--build-arg MODIFIED=$(GIT_MODIFIED) -t walcount:$(IMAGE_TAG) .
+
+# release-snapshot builds what a release ships into dist/, from this
+# checkout, publishing nothing: static linux and darwin binaries (amd64,
+# arm64) in tar.gz archives, .deb and .rpm packages with the systemd unit,
+# checksums.txt. goreleaser (pinned in scripts/go-tool.sh) is built once
+# into the tools cache.
+release-snapshot:
+	goreleaser=$$(sh scripts/go-tool.sh goreleaser) && "$$goreleaser" release --snapshot --clean
+
+# test-release runs goreleaser on a clone of HEAD for linux/amd64 and checks
+# the archive, the packages and the packaged binary (deploy/release_test.go,
+# build tag release). CI runs it once, after make test.
+test-release:
+	$(GO) test -tags release -count=1 -timeout 30m -run TestReleaseSnapshot ./deploy
 
 # deps installs (as root) or names what the tests need: PostgreSQL >= 14
 # server binaries, redis-server and promtool. deps-demo and deps-bench
