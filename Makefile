@@ -38,8 +38,11 @@ image:
 # checkout, publishing nothing: static linux and darwin binaries (amd64,
 # arm64) in tar.gz archives, .deb and .rpm packages with the systemd unit,
 # checksums.txt. goreleaser (pinned in scripts/go-tool.sh) is built once
-# into the tools cache.
+# into the tools cache. goreleaser reads the commit only in a repository
+# with a remote (without one it stamps "none" as the revision), so a
+# checkout without one is refused.
 release-snapshot:
+	@git ls-remote --get-url >/dev/null 2>&1 || { echo "make release-snapshot: this repository has no git remote, and goreleaser then stamps the revision \"none\"; add one (git remote add origin <url>), or run it in a clone, whose remote is this repository" >&2; exit 1; }
 	goreleaser=$$(sh scripts/go-tool.sh goreleaser) && "$$goreleaser" release --snapshot --clean
 
 # test-release runs goreleaser on a clone of HEAD for linux/amd64 and checks
@@ -60,7 +63,11 @@ deps-demo:
 deps-bench:
 	sh scripts/ensure-deps.sh bench
 
+# test builds the pinned helm into the tools cache first (once per machine;
+# scripts/go-tool.sh), so that the chart's tests do not build it while the
+# other tests run.
 test: deps
+	@sh scripts/go-tool.sh helm >/dev/null
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 40m ./...
 
