@@ -31,4 +31,3 @@ func run(t *testing.T, dir string, name string, args ...string) string {
 	}
 	return string(out)
 }
-
