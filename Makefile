@@ -7,8 +7,14 @@ BIN = bin/walcount
 
 all: build
 
+# build stamps the commit and the modified flag from git (walcount
+# --version, walcount_build_info) when git can read the checkout: Go's own
+# VCS stamping does it in a plain clone, but not in a git worktree (.git is
+# a file there) nor with -buildvcs=false in GOFLAGS or `go env -w`. The
+# version is left to Go (a pseudo-version in a clone, else dev).
+BUILDINFO = github.com/walcount/walcount/internal/buildinfo
 build:
-	$(GO) build -o $(BIN) ./cmd/walcount
+	$(GO) build -ldflags "$(if $(GIT_REVISION),-X $(BUILDINFO).revision=$(GIT_REVISION) -X $(BUILDINFO).modified=$(GIT_MODIFIED))" -o $(BIN) ./cmd/walcount
 
 # install builds walcount and copies it to $(PREFIX)/bin when PREFIX is
 # given (make install PREFIX=/usr/local), else to $(GOBIN) when it is set,

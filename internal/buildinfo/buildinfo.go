@@ -11,10 +11,12 @@
 //	    -X github.com/walcount/walcount/internal/buildinfo.modified=false" ./cmd/walcount
 //
 // Without them, the values come from the Go build information
-// (runtime/debug.ReadBuildInfo): a `go build` in a git checkout records
-// the commit and whether the tree was modified (unless -buildvcs=false),
-// and `go install github.com/walcount/walcount/cmd/walcount@v1.2.3` records
-// the module version, whose pseudo-version names the commit.
+// (runtime/debug.ReadBuildInfo): a `go build` in a git clone records the
+// commit and whether the tree was modified (unless -buildvcs=false; Go does
+// not do it in a git worktree, whose .git is a file, which is why make
+// build stamps the revision itself), and `go install
+// github.com/walcount/walcount/cmd/walcount@v1.2.3` records the module
+// version, whose pseudo-version names the commit.
 package buildinfo
 
 import (
