@@ -6,10 +6,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -58,12 +60,16 @@ func (m manifest) get(path ...any) any {
 	return cur
 }
 
-// render runs helm template with the --set values given and returns the
-// objects by "Kind/name".
+// render runs helm template with the --set values given (or a values file,
+// "-f=path") and returns the objects by "Kind/name".
 func render(t *testing.T, sets ...string) map[string]manifest {
 	t.Helper()
 	args := []string{"template", "rel", chart}
 	for _, s := range sets {
+		if f, ok := strings.CutPrefix(s, "-f="); ok {
+			args = append(args, "-f", f)
+			continue
+		}
 		args = append(args, "--set", s)
 	}
 	out := helmCmd(t, args...)
@@ -249,6 +255,39 @@ func TestHelmTemplate(t *testing.T) {
 	got := objs["PrometheusRule/rel-walcount"].get("spec")
 	if !reflect.DeepEqual(got, rules) {
 		t.Errorf("the PrometheusRule's spec is not deploy/prometheus/alerts.yml:\ngot  %v\nwant %v", got, rules)
+	}
+}
+
+// TestHelmConfigFile renders the chart with counters in its config value
+// and loads the rendered file (daemon's and setup's) with walcount's own
+// parser: what the chart mounts is a config walcount accepts.
+func TestHelmConfigFile(t *testing.T) {
+	t.Parallel()
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte(`config:
+  slot: chart_slot
+  flush_interval: 2s
+  counters:
+    - name: post_likes
+      source: public.likes
+      key: post_id
+      target: public.posts
+      target_key: id
+      column: likes_count
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	objs := render(t, "-f="+values)
+	for _, name := range []string{"ConfigMap/rel-walcount", "ConfigMap/rel-walcount-setup"} {
+		data, _ := objs[name].get("data", "walcount.yaml").(string)
+		cfg, err := config.Parse([]byte(data), name)
+		if err != nil {
+			t.Errorf("%s: walcount does not accept the rendered config: %v\n%s", name, err, data)
+			continue
+		}
+		if cfg.Slot != "chart_slot" || cfg.FlushInterval != 2*time.Second || len(cfg.Counters) != 1 || cfg.Counters[0].Name != "post_likes" {
+			t.Errorf("%s: parsed slot %q, flush interval %v, counters %+v", name, cfg.Slot, cfg.FlushInterval, cfg.Counters)
+		}
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/walcount/walcount/internal/config"
 )
 
 // systemdAnalyze returns the path of systemd-analyze. A unit that no
@@ -100,6 +102,25 @@ func TestSystemdUnit(t *testing.T) {
 	out, err := exec.Command(sa, "verify", "--man=no", copyPath).CombinedOutput()
 	if err != nil || len(out) > 0 {
 		t.Errorf("systemd-analyze verify %s: %v\n%s", unit, err, out)
+	}
+
+	// The environment file names only variables walcount reads.
+	env, err := os.ReadFile("systemd/walcount.env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile(`(?m)^#?(WALCOUNT_[A-Z_]+)=`).FindAllStringSubmatch(string(env), -1)
+	if len(named) < 3 {
+		t.Errorf("systemd/walcount.env names %d variables, want the URLs and the config file at least", len(named))
+	}
+	for _, m := range named {
+		known := false
+		for _, st := range config.Settings {
+			known = known || st.Env == m[1]
+		}
+		if !known {
+			t.Errorf("systemd/walcount.env names %s, which walcount does not read", m[1])
+		}
 	}
 
 	out, err = exec.Command(sa, "security", "--offline=yes", "--no-pager", copyPath).CombinedOutput()
