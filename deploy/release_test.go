@@ -153,7 +153,7 @@ func TestReleaseSnapshot(t *testing.T) {
 		t.Helper()
 		v := strings.TrimSpace(run(t, ".", bin, "--version"))
 		t.Logf("%s: %s", where, v)
-		if !strings.HasPrefix(v, "walcount 0.0.0-snapshot+") || !strings.Contains(v, "(revision "+head[:12]+", go") {
+		if !strings.HasPrefix(v, "walcount v0.0.0-snapshot+") || !strings.Contains(v, "(revision "+head[:12]+", go") {
 			t.Errorf("%s: walcount --version says %q, want the snapshot version and revision %s, not modified", where, v, head[:12])
 		}
 	}
