@@ -3,12 +3,18 @@
 GO ?= go
 BIN = bin/walcount
 
-.PHONY: all build install deps deps-demo deps-bench test test-matrix pg lint demo bench clean
+.PHONY: all build install image release-snapshot test-release deps deps-demo deps-bench test test-matrix pg lint demo bench clean
 
 all: build
 
+# build stamps the commit and the modified flag from git (walcount
+# --version, walcount_build_info) when git can read the checkout: Go's own
+# VCS stamping does it in a plain clone, but not in a git worktree (.git is
+# a file there) nor with -buildvcs=false in GOFLAGS or `go env -w`. The
+# version is left to Go (a pseudo-version in a clone, else dev).
+BUILDINFO = github.com/walcount/walcount/internal/buildinfo
 build:
-	$(GO) build -o $(BIN) ./cmd/walcount
+	$(GO) build -ldflags "$(if $(GIT_REVISION),-X $(BUILDINFO).revision=$(GIT_REVISION) -X $(BUILDINFO).modified=$(GIT_MODIFIED))" -o $(BIN) ./cmd/walcount
 
 # install builds walcount and copies it to $(PREFIX)/bin when PREFIX is
 # given (make install PREFIX=/usr/local), else to $(GOBIN) when it is set,
@@ -23,6 +29,34 @@ install: build
 	@echo "installed $(INSTALL_DIR)/walcount"
 	@case ":$$PATH:" in *":$(INSTALL_DIR):"*) ;; *) echo "note: $(INSTALL_DIR) is not in PATH; add it, e.g. export PATH=\"$(INSTALL_DIR):\$$PATH\"" ;; esac
 
+# image builds the container image walcount:$(IMAGE_TAG) with the version,
+# commit and modified flag of this checkout stamped in (the build context
+# has no .git). It needs a Docker engine.
+GIT_VERSION = $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+GIT_REVISION = $(shell git rev-parse HEAD 2>/dev/null)
+GIT_MODIFIED = $(shell if [ -z "$(GIT_REVISION)" ]; then echo; elif [ -z "$$(git status --porcelain 2>/dev/null)" ]; then echo false; else echo true; fi)
+IMAGE_TAG ?= $(GIT_VERSION)
+image:
+	docker build --build-arg VERSION=$(GIT_VERSION) --build-arg REVISION=$(GIT_REVISION) \
+		--build-arg MODIFIED=$(GIT_MODIFIED) -t walcount:$(IMAGE_TAG) .
+
+# release-snapshot builds what a release ships into dist/, from this
+# checkout, publishing nothing: static linux and darwin binaries (amd64,
+# arm64) in tar.gz archives, .deb and .rpm packages with the systemd unit,
+# checksums.txt. goreleaser (pinned in scripts/go-tool.sh) is built once
+# into the tools cache. goreleaser reads the commit only in a repository
+# with a remote (without one it stamps "none" as the revision), so a
+# checkout without one is refused.
+release-snapshot:
+	@git ls-remote --get-url >/dev/null 2>&1 || { echo "make release-snapshot: this repository has no git remote, and goreleaser then stamps the revision \"none\"; add one (git remote add origin <url>), or run it in a clone, whose remote is this repository" >&2; exit 1; }
+	goreleaser=$$(sh scripts/go-tool.sh goreleaser) && "$$goreleaser" release --snapshot --clean
+
+# test-release runs goreleaser on a clone of HEAD for linux/amd64 and checks
+# the archive, the packages and the packaged binary (deploy/release_test.go,
+# build tag release). CI runs it once, after make test.
+test-release:
+	$(GO) test -tags release -count=1 -timeout 30m -run TestReleaseSnapshot ./deploy
+
 # deps installs (as root) or names what the tests need: PostgreSQL >= 14
 # server binaries, redis-server and promtool. deps-demo and deps-bench
 # need no promtool.
@@ -35,7 +69,11 @@ deps-demo:
 deps-bench:
 	sh scripts/ensure-deps.sh bench
 
+# test builds the pinned helm into the tools cache first (once per machine;
+# scripts/go-tool.sh), so that the chart's tests do not build it while the
+# other tests run.
 test: deps
+	@sh scripts/go-tool.sh helm >/dev/null
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 40m ./...
 

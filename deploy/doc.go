@@ -3,9 +3,18 @@
 //   - prometheus/alerts.yml: alerting rules on the metrics of docs/design.md §6,
 //     with promtool unit tests in prometheus/alerts_test.yml.
 //   - grafana/walcount.json: a Grafana dashboard of the same metrics.
-//   - ../docker-compose.yml is checked here too: with no Docker engine on
-//     the build machine, the test parses it as YAML and checks that every
-//     published port is bound to loopback.
+//   - systemd/walcount.service and walcount.env: the unit the packages
+//     install, checked with systemd-analyze verify and security.
+//   - packaging/: the .deb/.rpm maintainer scripts (../.goreleaser.yaml).
+//   - helm/walcount: the Helm chart, checked with helm lint and helm
+//     template (the pinned helm of ../scripts/go-tool.sh); its
+//     files/alerts.yml is kept equal to prometheus/alerts.yml.
+//   - ../docker-compose.yml and ../Dockerfile are checked here too: with no
+//     Docker engine on the build machine, the tests parse them, check that
+//     every published port is bound to loopback, that base images are
+//     pinned by digest and that the image's build flags stamp its version.
+//   - release_test.go (build tag release, make test-release) runs
+//     goreleaser and checks the archive, the packages and the binary.
 //
 // The tests of this package keep the assets honest: they run
 // `promtool check rules` and `promtool test rules`, and check that every

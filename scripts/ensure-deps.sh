@@ -4,19 +4,31 @@
 #
 #   demo, bench  go, PostgreSQL >= 14 server binaries (initdb, postgres,
 #                pg_ctl) and redis-server
-#   test         the same and promtool (the alert rules' tests); the default
+#   test         the same, promtool (the alert rules' tests) and
+#                systemd-analyze (the systemd unit's test); the default
 #
 # Missing ones are installed with apt-get when this runs as root on a
 # Debian-like system; otherwise it says what to install and exits 1. It
 # prints nothing when everything is present. An unknown target exits 2.
+#
+# promtool is not installed with Debian's prometheus package, which brings
+# a Prometheus server (started at boot on a systemd host) and a dozen
+# packages with it: the package is downloaded (apt-get download, which
+# needs no root once the package lists exist) and only promtool is
+# extracted from it (dpkg -x) into the tools cache,
+#
+#     ${WALCOUNT_TOOLS_CACHE:-/var/tmp/walcount/tools}/bin/promtool
+#
+# where the tests look for it when it is not in PATH. Nothing is started.
 set -eu
 
 MIN_PG=14
 target=${1:-test}
+TOOLS_CACHE=${WALCOUNT_TOOLS_CACHE:-/var/tmp/walcount/tools}
 
 case $target in
 demo | bench) tools="postgres redis" ;;
-test) tools="postgres redis promtool" ;;
+test) tools="postgres redis promtool systemd-analyze" ;;
 *)
 	echo "ensure-deps: unknown target '$target': use demo, bench or test" >&2
 	exit 2
@@ -52,7 +64,33 @@ have_redis() {
 }
 
 have_promtool() {
-	command -v promtool >/dev/null 2>&1
+	command -v promtool >/dev/null 2>&1 || [ -x "$TOOLS_CACHE/bin/promtool" ]
+}
+
+have_systemd_analyze() {
+	command -v systemd-analyze >/dev/null 2>&1
+}
+
+# fetch_promtool extracts promtool from Debian's prometheus package into
+# $TOOLS_CACHE/bin without installing the package.
+fetch_promtool() {
+	tmp=$(mktemp -d)
+	# shellcheck disable=SC2064 # expand $tmp now
+	trap "rm -rf '$tmp'" EXIT
+	if ! (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1); then
+		[ "$(id -u)" -eq 0 ] || return 1
+		apt-get update -qq >&2
+		(cd "$tmp" && apt-get download -qq prometheus >&2) || return 1
+	fi
+	dpkg -x "$tmp"/prometheus_*.deb "$tmp/x" || return 1
+	[ -x "$tmp/x/usr/bin/promtool" ] || return 1
+	mkdir -p "$TOOLS_CACHE/bin" || return 1
+	# Rename into place, so that a reader never sees half a binary.
+	cp "$tmp/x/usr/bin/promtool" "$TOOLS_CACHE/bin/.promtool.$$" || return 1
+	mv "$TOOLS_CACHE/bin/.promtool.$$" "$TOOLS_CACHE/bin/promtool" || return 1
+	echo "ensure-deps: extracted promtool from Debian's prometheus package into $TOOLS_CACHE/bin (the package is not installed)" >&2
+	rm -rf "$tmp"
+	trap - EXIT
 }
 
 if ! command -v go >/dev/null 2>&1; then
@@ -71,7 +109,7 @@ missing() {
 		case $t in
 		postgres) have_postgres || pkgs="$pkgs postgresql" ;;
 		redis) have_redis || pkgs="$pkgs redis-server" ;;
-		promtool) have_promtool || pkgs="$pkgs prometheus" ;;
+		systemd-analyze) have_systemd_analyze || pkgs="$pkgs systemd" ;;
 		esac
 	done
 	echo "$pkgs"
@@ -83,19 +121,45 @@ describe() {
 		case $p in
 		postgresql) echo "  - PostgreSQL >= $MIN_PG server binaries (initdb, postgres, pg_ctl): package postgresql" ;;
 		redis-server) echo "  - redis-server: package redis-server" ;;
-		prometheus) echo "  - promtool, for the alert rules' tests: package prometheus" ;;
+		systemd) echo "  - systemd-analyze, for the systemd unit's test: package systemd" ;;
 		esac
 	done
 }
 
+# promtool is extracted, not installed: try that first, and if it cannot
+# be had, say how together with any missing package.
+promtool_missing=
+if echo "$tools" | grep -qw promtool && ! have_promtool; then
+	if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg >/dev/null 2>&1 || ! fetch_promtool; then
+		promtool_missing=1
+	fi
+fi
+promtool_help() {
+	echo "  - promtool, for the alert rules' tests: run make deps as root on Debian to extract it"
+	echo "    from the prometheus package without installing that (it starts a server), or do it yourself:"
+	echo "    apt-get download prometheus && dpkg -x prometheus_*.deb prometheus-deb &&"
+	echo "    mkdir -p $TOOLS_CACHE/bin && cp prometheus-deb/usr/bin/promtool $TOOLS_CACHE/bin/"
+	echo "    (or put any promtool in PATH)"
+}
+
 pkgs=$(missing)
-[ -z "$pkgs" ] && exit 0
+if [ -z "$pkgs" ]; then
+	if [ -n "$promtool_missing" ]; then
+		{
+			echo "ensure-deps: make $target needs tools that are not installed:"
+			promtool_help
+		} >&2
+		exit 1
+	fi
+	exit 0
+fi
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 	{
 		echo "ensure-deps: make $target needs tools that are not installed:"
 		describe "$pkgs"
-		echo "Install them with:"
+		[ -z "$promtool_missing" ] || promtool_help
+		echo "Install the packages with:"
 		echo "    sudo apt-get install -y --no-install-recommends$pkgs"
 	} >&2
 	exit 1
@@ -108,7 +172,7 @@ apt-get update -qq >&2
 apt-get install -y -qq --no-install-recommends $pkgs >&2
 
 pkgs=$(missing)
-if [ -n "$pkgs" ]; then
-	echo "ensure-deps: still missing after apt-get install:$pkgs" >&2
+if [ -n "$pkgs" ] || [ -n "$promtool_missing" ]; then
+	echo "ensure-deps: still missing after apt-get install:$pkgs${promtool_missing:+ promtool}" >&2
 	exit 1
 fi

@@ -9,10 +9,15 @@ import (
 )
 
 // TestMakeInstall runs make install into a PREFIX and into a GOBIN, and
-// runs the installed binary.
+// runs the installed binary, whose version line names this checkout's
+// commit (make build asks for VCS stamping, whatever GOFLAGS says).
 func TestMakeInstall(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Fatalf("make is not installed: %v", err)
+	}
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD: %v (the test runs in a git checkout)", err)
 	}
 	build := filepath.Join(t.TempDir(), "walcount")
 	prefix, gobin := t.TempDir(), t.TempDir()
@@ -39,8 +44,8 @@ func TestMakeInstall(t *testing.T) {
 			t.Errorf("make install %v does not say where it installed (%s):\n%s", tc.vars, tc.want, out)
 		}
 		v, err := exec.Command(tc.want, "--version").Output()
-		if err != nil || !strings.HasPrefix(string(v), "walcount ") {
-			t.Errorf("%s --version: %q, %v", tc.want, v, err)
+		if err != nil || !strings.HasPrefix(string(v), "walcount ") || !strings.Contains(string(v), "(revision "+string(head[:12])+",") {
+			t.Errorf("%s --version: %q, %v; want a line naming the commit %s", tc.want, v, err, head[:12])
 		}
 	}
 }

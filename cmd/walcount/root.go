@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
 
+	"github.com/walcount/walcount/internal/buildinfo"
 	"github.com/walcount/walcount/internal/config"
 )
 
@@ -46,7 +47,7 @@ the default.
 
 Exit status: 0 success, 1 a runtime problem, 2 a usage or configuration
 error; walcount reconcile --dry-run exits 3 when it found drift.`,
-		Version:       buildVersion(),
+		Version:       buildinfo.Get().Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		// cobra reports an unknown subcommand of a root that cannot run
@@ -83,6 +84,7 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 		newStatusCmd(g),
 		newReconcileCmd(g),
 		newVersionCmd(),
+		newHealthcheckCmd(g),
 		newDemoCmd(g),
 	)
 	for _, c := range root.Commands() {

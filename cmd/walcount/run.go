@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/internal/buildinfo"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/httpapi"
@@ -52,8 +53,8 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 			return err
 		}
 	}
+	// New exports walcount_build_info from buildinfo.Get().
 	m := metrics.New()
-	m.SetVersion(buildVersion())
 	d, err := daemon.New(daemon.Options{Config: cfg, Metrics: m, Logger: log})
 	if err != nil {
 		return err
@@ -79,7 +80,9 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 			_ = srv.Close(sctx)
 		}()
 	}
-	log.Info("walcount version", zap.String("version", buildVersion()))
+	bi := buildinfo.Get()
+	log.Info("walcount version", zap.String("version", bi.Version), zap.String("revision", bi.Revision),
+		zap.String("modified", bi.Modified), zap.String("go_version", bi.GoVersion))
 	if err := d.Run(ctx); err != nil {
 		return err
 	}

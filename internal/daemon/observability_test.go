@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/buildinfo"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/monitor"
@@ -34,7 +35,8 @@ import (
 const observeWithin = 90 * time.Second
 
 // testVersion is the version the served daemons export in
-// walcount_build_info, as cmd/walcount does with its build version.
+// walcount_build_info (with buildinfo.Get's other fields), as cmd/walcount
+// does with its own build information.
 const testVersion = "v0.0.0-observability-test"
 
 // served is a daemon with its HTTP API, wired as `walcount run` wires it,
@@ -54,7 +56,9 @@ func (e *env) serve(opts ...daemonOpt) *served {
 	e.t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	m := metrics.New()
-	m.SetVersion(testVersion)
+	bi := buildinfo.Get()
+	bi.Version = testVersion
+	m.SetBuildInfo(bi)
 	log := zap.New(zapcore.NewTee(core, testLogger(e.t).Core()))
 	opts = append([]daemonOpt{func(o *Options) { o.Metrics, o.Logger = m, log }}, opts...)
 	r := e.start(opts...)
@@ -245,7 +249,7 @@ var contract = []contractMetric{
 	{"walcount_checkpoint_age_seconds", dto.MetricType_GAUGE, nil},
 	{"walcount_queue_depth", dto.MetricType_GAUGE, nil},
 	{"walcount_streaming", dto.MetricType_GAUGE, nil},
-	{"walcount_build_info", dto.MetricType_GAUGE, []string{metrics.LabelVersion}},
+	{"walcount_build_info", dto.MetricType_GAUGE, []string{metrics.LabelVersion, metrics.LabelRevision, metrics.LabelModified, metrics.LabelGoVersion}},
 }
 
 // checkContract fails the test for every contract metric that is missing,

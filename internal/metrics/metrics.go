@@ -2,11 +2,12 @@ package metrics
 
 import (
 	"net/http"
-	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/walcount/walcount/internal/buildinfo"
 )
 
 // Namespace prefixes every walcount metric name.
@@ -21,8 +22,12 @@ const (
 	LabelOp = "op"
 	// LabelStatus is a pg_replication_slots.wal_status value.
 	LabelStatus = "status"
-	// LabelVersion is the walcount version in walcount_build_info.
-	LabelVersion = "version"
+	// LabelVersion, LabelRevision, LabelModified and LabelGoVersion are
+	// walcount_build_info's: the fields of buildinfo.Info.
+	LabelVersion   = "version"
+	LabelRevision  = "revision"
+	LabelModified  = "modified"
+	LabelGoVersion = "goversion"
 	// LabelReason is pg_replication_slots.invalidation_reason.
 	LabelReason = "reason"
 	// LabelStage is where a failed session was; one of the Stage
@@ -202,8 +207,8 @@ type Metrics struct {
 	// ReconcileKeysChecked counts keys measured, by counter.
 	ReconcileKeysChecked *prometheus.CounterVec
 
-	// BuildInfo is 1, labelled with the walcount version; set it with
-	// SetVersion.
+	// BuildInfo is 1, labelled with what the binary is (version,
+	// revision, modified, goversion); set it with SetBuildInfo.
 	BuildInfo *prometheus.GaugeVec
 }
 
@@ -314,8 +319,8 @@ func New() *Metrics {
 
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "build_info",
-			Help: "Always 1, labelled with the walcount version.",
-		}, []string{LabelVersion}),
+			Help: "Always 1, labelled with the walcount version, the VCS revision it was built from, whether that tree was modified (true, false or unknown) and the Go version.",
+		}, []string{LabelVersion, LabelRevision, LabelModified, LabelGoVersion}),
 	}
 
 	m.Streaming = streamingGauge{
@@ -349,7 +354,7 @@ func New() *Metrics {
 	for _, s := range Stages {
 		m.SessionFailures.WithLabelValues(s)
 	}
-	m.SetVersion(moduleVersion())
+	m.SetBuildInfo(buildinfo.Get())
 	return m
 }
 
@@ -368,12 +373,12 @@ func (m *Metrics) Handler() http.Handler {
 	})
 }
 
-// SetVersion sets walcount_build_info to 1 for version and drops any
-// earlier version label. cmd/walcount calls it with the version stamped in at
-// build time; New starts with the module version from the build info.
-func (m *Metrics) SetVersion(version string) {
+// SetBuildInfo sets walcount_build_info to 1 for in and drops any earlier
+// series. New starts with the running binary's buildinfo.Get(); tests set
+// their own.
+func (m *Metrics) SetBuildInfo(in buildinfo.Info) {
 	m.BuildInfo.Reset()
-	m.BuildInfo.WithLabelValues(version).Set(1)
+	m.BuildInfo.WithLabelValues(in.Version, in.Revision, in.Modified, in.GoVersion).Set(1)
 }
 
 // SetWALStatus sets walcount_slot_wal_status to 1 for status and to 0 for the
@@ -440,13 +445,4 @@ func gauge(name, help string) prometheus.Gauge {
 
 func counter(name, help string) prometheus.Counter {
 	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help})
-}
-
-// moduleVersion is the main module's version from the build info: a tag for
-// `go install …@v1.2.3`, "(devel)" for a local build.
-func moduleVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "unknown"
 }

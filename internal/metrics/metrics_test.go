@@ -1,14 +1,17 @@
 package metrics_test
 
 import (
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/walcount/walcount/internal/buildinfo"
 	"github.com/walcount/walcount/internal/metrics"
 )
 
@@ -139,12 +142,22 @@ func TestSetWALStatus(t *testing.T) {
 	}
 }
 
-func TestSetVersionReplacesTheLabel(t *testing.T) {
+// TestBuildInfo checks that walcount_build_info starts with the running
+// binary's build information and that SetBuildInfo replaces the series.
+func TestBuildInfo(t *testing.T) {
 	m := metrics.New()
-	m.SetVersion("v1.2.3")
+	own := buildinfo.Get()
 	bi := gather(t, m)["walcount_build_info"].GetMetric()
-	if len(bi) != 1 || labels(bi[0])["version"] != "v1.2.3" || bi[0].GetGauge().GetValue() != 1 {
-		t.Fatalf("walcount_build_info = %v, want one series version=v1.2.3 value 1", bi)
+	want := map[string]string{"version": own.Version, "revision": own.Revision, "modified": own.Modified, "goversion": runtime.Version()}
+	if len(bi) != 1 || !maps.Equal(labels(bi[0]), want) || bi[0].GetGauge().GetValue() != 1 {
+		t.Errorf("walcount_build_info = %v, want one series %v value 1", bi, want)
+	}
+
+	m.SetBuildInfo(buildinfo.Info{Version: "v1.2.3", Revision: "889f495c1d2e0000000000000000000000000000", Modified: buildinfo.ModifiedTrue, GoVersion: "go1.26.8"})
+	bi = gather(t, m)["walcount_build_info"].GetMetric()
+	want = map[string]string{"version": "v1.2.3", "revision": "889f495c1d2e0000000000000000000000000000", "modified": "true", "goversion": "go1.26.8"}
+	if len(bi) != 1 || !maps.Equal(labels(bi[0]), want) || bi[0].GetGauge().GetValue() != 1 {
+		t.Fatalf("walcount_build_info after SetBuildInfo = %v, want one series %v value 1", bi, want)
 	}
 }
 

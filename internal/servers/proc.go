@@ -119,11 +119,7 @@ func startProcess(bin string, args []string, dir, logPath string, id identity, d
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.Env = serverEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: id.cred,
-		Setpgid:    true,
-		Pdeathsig:  deathSig,
-	}
+	cmd.SysProcAttr = sysProcAttr(id.cred, deathSig)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", filepath.Base(bin), err)
 	}
