@@ -2,10 +2,13 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/walcount/walcount/internal/failpoint"
 )
 
 // fkSchema is the app's tables with the foreign key a Rails app declares:
@@ -176,4 +179,73 @@ WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE %posts%'`).Scan(&n)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestFlushBlockedByLifecycleThenRestart is TestFlushBlockedByLifecycle
+// with walcount restarted around the blocked flush: killed right after it
+// commits, before the stream reaches its marker (the new process has no
+// record of what that flush applied), or stopped while the flush waits
+// (it rolls back and the next start resumes it, after the row changed).
+// The crossed keys must be made exact (compensated, or marked dirty and
+// repaired), never left wrong.
+func TestFlushBlockedByLifecycleThenRestart(t *testing.T) {
+	t.Parallel()
+	changes := map[string][]string{
+		"re-keyed":                   {"UPDATE posts SET id = 1006 WHERE id = 6"},
+		"deleted and inserted again": {"DELETE FROM posts WHERE id = 6", "INSERT INTO posts (id) VALUES (6)"},
+	}
+	for name, change := range changes {
+		for _, stopped := range []bool{false, true} {
+			how := "killed after its commit"
+			if stopped {
+				how = "stopped while it waits"
+			}
+			t.Run(name+", "+how, func(t *testing.T) {
+				t.Parallel()
+				flushBlockedThenRestart(t, change, stopped)
+			})
+		}
+	}
+}
+
+func flushBlockedThenRestart(t *testing.T, change []string, stopped bool) {
+	e := newEnvWith(t, fkSchema, nil)
+	fp := &failpoint.Set{}
+	d := e.start(func(o *Options) { o.Failpoints = fp; o.ShutdownTimeout = time.Second })
+	ctx := context.Background()
+	e.exec("INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 10), (VALUES (5), (6)) v(p)")
+	e.waitCaughtUp(catchUp)
+
+	tx, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM posts WHERE id = 6 FOR NO KEY UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	disarm := fp.CrashAfter(failpoint.AfterCommit, 1)
+	defer disarm()
+	e.exec("INSERT INTO likes (post_id) SELECT 6 FROM generate_series(1, 5)")
+	poll(t, "the flush's UPDATE waiting for the row lock", func() (bool, string) {
+		var n int
+		err := e.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE %posts%'`).Scan(&n)
+		return err == nil && n > 0, fmt.Sprintf("%d waiting, %v", n, err)
+	})
+	if stopped {
+		disarm()
+		_ = d.stop(t)
+		commitAll(t, tx, change...)
+	} else {
+		commitAll(t, tx, change...)
+		if err := d.wait(t, catchUp); !errors.Is(err, failpoint.ErrCrash) {
+			t.Fatalf("daemon returned %v, want the simulated crash after the flush's commit", err)
+		}
+		disarm()
+	}
+	e.start()
+	e.waitRepaired(t)
+	e.assertExact()
+	e.moreLikesThenExact()
 }
