@@ -248,9 +248,8 @@ UPDATE posts p SET likes_count = (SELECT count(*) FROM likes l WHERE l.post_id =
 	}
 	got := waitRun(t, d, run.ID)
 	// What waited for the lock may be the read itself (it then fails
-	// under row_security = off) or the check before it (PostgreSQL 18
-	// locks the table to answer row_security_active): either refuses the
-	// partial view.
+	// under row_security = off) or the check before it (seen on
+	// PostgreSQL 18): either refuses the partial view.
 	if got.Status != state.StatusFailed || !(strings.Contains(got.Error, "query would be affected by row-level security policy") ||
 		strings.Contains(got.Error, "row-level security hides rows")) {
 		t.Fatalf("run %s (%q), want it failed: the read under row_security = off, or the check, refusing a partial view", got.Status, got.Error)
