@@ -115,6 +115,10 @@ type daemonState struct {
 	// degraded holds the counters that cannot be kept from the stream
 	// right now (see aggregator.Options.Degraded).
 	degraded map[string]bool
+	// silentPID is the walsender of the last stream declared silent
+	// (cdc.ErrStreamSilent): while it still holds the slot, the slot is
+	// not another walcount's (see takeBackSlot).
+	silentPID uint32
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.

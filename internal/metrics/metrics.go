@@ -164,6 +164,9 @@ type Metrics struct {
 	// retried, whatever failed (PostgreSQL, Redis, the replication
 	// connection), by stage (see StageStart).
 	SessionFailures *prometheus.CounterVec
+	// StreamTimeouts counts replication streams declared dead because
+	// nothing, not even a keepalive, arrived within stream_timeout.
+	StreamTimeouts prometheus.Counter
 
 	// Flushes.
 
@@ -263,6 +266,8 @@ func New() *Metrics {
 			Namespace: Namespace, Name: "session_failures_total",
 			Help: "Replication sessions that failed and are retried, whatever failed (PostgreSQL, Redis, the replication connection), by stage: start (connecting, taking the slot, recovering the Redis buffer) or streaming (reading the slot, writing deltas to Redis, flushing them).",
 		}, []string{LabelStage}),
+		StreamTimeouts: counter("stream_timeouts_total",
+			"Replication streams abandoned because nothing, not even a keepalive, arrived within stream_timeout (a stopped walsender, a half-open connection); each is also a session failure."),
 
 		Flushes: counter("flushes_total",
 			"Flushes committed to PostgreSQL."),
@@ -320,7 +325,7 @@ func New() *Metrics {
 		m.SlotSpillBytes, m.SlotSpillTxns, m.SlotStreamBytes, m.SlotStreamTxns, m.SlotReadErrors,
 		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds, m.AckHeldBytes,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
-		m.WaitingForSlot, m.SessionFailures,
+		m.WaitingForSlot, m.SessionFailures, m.StreamTimeouts,
 		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
 		m.BuildInfo,
