@@ -216,6 +216,7 @@ func fatal(err error) bool {
 		errors.Is(err, state.ErrOwned) ||
 		errors.Is(err, state.ErrNotClaimed) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
+		errors.Is(err, buffer.ErrOtherDeployment) ||
 		isSlotLost(err)
 }
 

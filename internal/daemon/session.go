@@ -237,6 +237,10 @@ func (s *liveSession) run(ctx context.Context) error {
 		d.heartbeat(workCtx, s.stream)
 		return nil
 	})
+	g.Go(func() error {
+		d.stampBuffer(workCtx, buffer.System(s.stream.History()))
+		return nil
+	})
 	return g.Wait()
 }
 
@@ -259,6 +263,12 @@ func (s *liveSession) finalFlush(ctx context.Context) {
 // discarded. It returns the end LSN of the last transaction Redis or
 // PostgreSQL holds: streaming skips up to it.
 func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (cdc.LSN, error) {
+	// Another cluster's walcount keeping the same keys is another
+	// deployment, not a loss: resetting its buffer would make it reset
+	// this one's in turn.
+	if err := d.buf.CheckOwner(ctx, history, time.Now()); err != nil {
+		return 0, err
+	}
 	meta, err := d.buf.Meta(ctx)
 	if err != nil {
 		return 0, err
@@ -293,6 +303,9 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
+	}
+	if _, err := d.buf.MarkAlive(ctx, buffer.System(history), time.Now()); err != nil {
+		return 0, err
 	}
 	meta, err = d.buf.Meta(ctx)
 	if err != nil {
@@ -365,6 +378,26 @@ func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 			// heartbeat only delays W.
 			d.log.Warn("heartbeat failed", zap.Error(err))
 		}
+	}
+}
+
+// stampBuffer marks the Redis chain as this deployment's every
+// buffer.AliveInterval, so that the walcount of another cluster configured
+// with the same Redis and slot name refuses to reset it (see
+// buffer.CheckOwner). A failed stamp is retried at the next tick; a chain
+// that is no longer this system's is the next Redis write's business.
+func (d *Daemon) stampBuffer(ctx context.Context, sys string) {
+	t := time.NewTicker(buffer.AliveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+		_, _ = d.buf.MarkAlive(rctx, sys, time.Now())
+		cancel()
 	}
 }
 

@@ -202,6 +202,9 @@ type run struct {
 	user     string
 	// Learnt by checkSlot's early lookup in checkServer.
 	slot *slotInfo
+	// history is "<system identifier>/<timeline>" from IDENTIFY_SYSTEM,
+	// learnt by checkReplicationConn; empty when it failed.
+	history string
 	// tables caches catalog facts by canonical "schema.table".
 	tables map[string]*table
 	// quoted caches quote_ident results.

@@ -123,6 +123,7 @@ func (r *run) checkRedis() {
 	if !r.probeRedisACL(ctx, client, opts, p, keys, key, key2) {
 		return
 	}
+	r.checkSharedBuffer(ctx, client)
 
 	// Managed Redis services often disable CONFIG; then nothing is said.
 	ev, err := buffer.ReadEviction(ctx, client)
