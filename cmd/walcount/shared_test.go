@@ -19,11 +19,14 @@ import (
 type sharedCluster struct {
 	pg   *servers.Postgres
 	args []string // the connection flags of every walcount command
+	// redis is the test's Redis when it gave a *servers.Redis.
+	redis *servers.Redis
 }
 
-func newSharedCluster(t *testing.T, pg *servers.Postgres, redisURL string) *sharedCluster {
+func newSharedCluster(t *testing.T, pg *servers.Postgres, rd *servers.Redis) *sharedCluster {
 	t.Helper()
-	c := &sharedCluster{pg: pg, args: []string{"--database-url", pg.URL(), "--redis-url", redisURL}}
+	redisURL := rd.URL()
+	c := &sharedCluster{pg: pg, redis: rd, args: []string{"--database-url", pg.URL(), "--redis-url", redisURL}}
 	cfg := config.Default()
 	cfg.DatabaseURL, cfg.RedisURL = pg.URL(), redisURL
 	conn := c.connect(t)
@@ -72,8 +75,8 @@ func (c *sharedCluster) cmd(name string, extra ...string) []string {
 func TestTwoClustersOneRedis(t *testing.T) {
 	t.Parallel()
 	rd := testenv.Redis(t)
-	a := newSharedCluster(t, testenv.Postgres(t), rd.URL())
-	b := newSharedCluster(t, testenv.Postgres(t, servers.PostgresOptions{OwnSystem: true}), rd.URL())
+	a := newSharedCluster(t, testenv.Postgres(t), rd)
+	b := newSharedCluster(t, testenv.Postgres(t, servers.PostgresOptions{OwnSystem: true}), rd)
 	const sysQuery = `SELECT system_identifier::text FROM pg_control_system()`
 	if sa, sb := a.scalar(t, sysQuery), b.scalar(t, sysQuery); sa == sb {
 		t.Fatalf("both clusters have system identifier %s; the test needs two systems", sa)

@@ -370,6 +370,17 @@ func (d *Daemon) logFailure(err error, wait time.Duration) {
 	}
 }
 
+// StartFailed records a start of walcount run that could not go on yet
+// because a server did not answer (before Run, in the preflight checks) as
+// a failed session at start: it is logged like one, with the retry,
+// counted in walcount_session_failures_total{stage="start"} and shown by
+// /readyz and /status, and the first session that streams logs the
+// recovery.
+func (d *Daemon) StartFailed(err error, retryIn time.Duration) {
+	d.setErr(err)
+	d.logFailure(err, retryIn)
+}
+
 func (d *Daemon) setErr(err error) {
 	d.mu.Lock()
 	// The failed session streamed if it started streaming after the

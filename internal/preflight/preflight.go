@@ -84,6 +84,9 @@ const (
 	// (the publication, the slot, the state schema): setup goes ahead
 	// where check and run refuse.
 	CauseSetup
+	// CauseUnreachable means a server did not answer (see Unreachable):
+	// nothing needs to change but time, and walcount run waits for it.
+	CauseUnreachable
 )
 
 // Finding is the result of one check.

@@ -97,6 +97,9 @@ func (r *run) checkRedis() {
 		}
 		r.problem(CheckRedis, fmt.Sprintf("Redis at %s does not answer PING: %v", addr, err),
 			"start Redis, or set --redis-url (or WALCOUNT_REDIS_URL) to a reachable Redis")
+		if Unreachable(err) {
+			r.findings[len(r.findings)-1].Cause = CauseUnreachable
+		}
 		return
 	}
 	r.ok(CheckRedis, fmt.Sprintf("Redis at %s answers PING", addr))
