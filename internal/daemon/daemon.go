@@ -115,6 +115,9 @@ type daemonState struct {
 	// degraded holds the counters that cannot be kept from the stream
 	// right now (see aggregator.Options.Degraded).
 	degraded map[string]bool
+	// slotWait is what the creation of the slot waits for, nil when no
+	// creation waits (see watchSlotCreation).
+	slotWait *SlotCreationWait
 	// silentPID is the walsender of the last stream declared silent
 	// (cdc.ErrStreamSilent): while it still holds the slot, the slot is
 	// not another walcount's (see takeBackSlot).
