@@ -85,6 +85,9 @@ type Daemon struct {
 	mon     *monitor.Monitor
 	rec     *reconcile.Reconciler
 
+	// standbyMisses is owned by the observe goroutine (checkStandbyWait).
+	standbyMisses int
+
 	mu    sync.Mutex
 	state daemonState
 }
@@ -115,6 +118,10 @@ type daemonState struct {
 	// degraded holds the counters that cannot be kept from the stream
 	// right now (see aggregator.Options.Degraded).
 	degraded map[string]bool
+	// standbyWait is the walsender's wait for the standbys named in
+	// synchronized_standby_slots, nil when it does not wait (see
+	// checkStandbyWait).
+	standbyWait *StandbyWait
 	// slotWait is what the creation of the slot waits for, nil when no
 	// creation waits (see watchSlotCreation).
 	slotWait *SlotCreationWait

@@ -35,7 +35,7 @@ func (w SlotCreationWait) String() string {
 		return fmt.Sprintf("creating the replication slot: waiting %s for running transactions to end", time.Since(w.Since).Round(time.Second))
 	}
 	return fmt.Sprintf("creating the replication slot: waiting %s for the transaction of pid %d (open %s, %s) to end",
-		time.Since(w.Since).Round(time.Second), w.PID, (time.Duration(w.XactAgeSeconds*float64(time.Second))).Round(time.Second), w.State)
+		time.Since(w.Since).Round(time.Second), w.PID, (time.Duration(w.XactAgeSeconds * float64(time.Second))).Round(time.Second), w.State)
 }
 
 // watchSlotCreation follows a slot creation made on the connection of

@@ -75,6 +75,9 @@ type Status struct {
 	// RedisEviction says why Redis may evict walcount's keys, with the
 	// fix; absent when it may not.
 	RedisEviction string `json:"redis_eviction,omitempty"`
+	// StandbyWait is the walsender's wait for the standbys named in
+	// synchronized_standby_slots, while it lasts.
+	StandbyWait *StandbyWait `json:"standby_wait,omitempty"`
 	// SlotCreationWait is what the creation of the replication slot
 	// (on_slot_loss: recreate) waits for, while it does.
 	SlotCreationWait *SlotCreationWait   `json:"slot_creation_wait,omitempty"`
@@ -147,6 +150,7 @@ func (d *Daemon) observe(ctx context.Context) {
 		d.mu.Lock()
 		d.state.progress = s.p
 		d.mu.Unlock()
+		d.checkStandbyWait(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -299,6 +303,11 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		Dirty:          smp.dirty,
 		StandbySlots:   smp.standbySlots,
 		AckHeldBytes:   smp.ackHeld,
+	}
+	if w := st.standbyWait; w != nil {
+		c := *w
+		c.Seconds = max(time.Since(c.Since), 0).Seconds()
+		s.StandbyWait = &c
 	}
 	if w := st.slotWait; w != nil {
 		c := *w
