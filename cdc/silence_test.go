@@ -17,7 +17,7 @@ import (
 func TestSilenceBound(t *testing.T) {
 	t.Parallel()
 	f := newStreamFixture(t)
-	const bound = 3 * time.Second
+	const bound = 5 * time.Second
 	ctx := context.Background()
 	s, err := Connect(ctx, StreamConfig{ConnString: f.url, Slot: "walcount", Publication: "walcount",
 		StartLSN: f.slot, StatusInterval: time.Minute, SilenceTimeout: bound})
@@ -35,12 +35,12 @@ func TestSilenceBound(t *testing.T) {
 		}
 	}()
 
-	// Idle for four bounds: nothing is written, nothing else asks the
+	// Idle for three bounds: nothing is written, nothing else asks the
 	// server for anything.
 	select {
 	case err := <-done:
 		t.Fatalf("an idle stream with a healthy walsender ended: %v", err)
-	case <-time.After(4 * bound):
+	case <-time.After(3 * bound):
 	}
 
 	pid := int(s.BackendPID())
