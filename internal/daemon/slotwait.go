@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/state"
 )
 
 // slotWaitPoll is how often a slot creation in progress looks at what it
@@ -60,16 +62,12 @@ func (d *Daemon) watchSlotCreation(ctx context.Context, creator uint32) (stop fu
 			}
 			w := SlotCreationWait{Since: since}
 			rctx, rcancel := context.WithTimeout(ctx, sampleTimeout)
-			err := d.pool.QueryRow(rctx, `
-SELECT pid, coalesce(extract(epoch FROM now() - xact_start), 0)::float8, coalesce(application_name, ''), coalesce(state, '')
-FROM pg_stat_activity
-WHERE backend_xid IS NOT NULL AND pid <> $1
-ORDER BY xact_start NULLS LAST
-LIMIT 1`, int64(creator)).Scan(&w.PID, &w.XactAgeSeconds, &w.ApplicationName, &w.State)
+			x, _, err := state.OldestXact(rctx, d.pool, creator)
 			rcancel()
 			if err != nil && ctx.Err() != nil {
 				return
 			}
+			w.PID, w.XactAgeSeconds, w.ApplicationName, w.State = x.PID, x.Age.Seconds(), x.ApplicationName, x.State
 			d.mu.Lock()
 			d.state.slotWait = &w
 			d.mu.Unlock()
