@@ -221,13 +221,14 @@ type Batch struct {
 // concurrent use; the protocol itself assumes one walcount per slot.
 type Redis struct {
 	rdb  redis.UniversalClient
+	slot string
 	keys Keys
 }
 
 // New returns the buffer of slot on rdb: a single node, a Cluster or a
 // Sentinel-watched primary, through go-redis's UniversalClient.
 func New(rdb redis.UniversalClient, slot string) *Redis {
-	return &Redis{rdb: rdb, keys: KeysFor(slot)}
+	return &Redis{rdb: rdb, slot: slot, keys: KeysFor(slot)}
 }
 
 // Ping checks that the Redis node holding the slot's keys answers. On a

@@ -45,13 +45,31 @@ const (
 	// coalesceLowWater is the SO_RCVLOWAT used while coalescing: the
 	// reader wakes when this much is queued or the window ends.
 	coalesceLowWater = 64 << 10
+	// DefaultSilenceTimeout is the silence bound when the server's
+	// wal_sender_timeout is 0 (off) or unknown: see SilenceBound.
+	DefaultSilenceTimeout = time.Minute
 )
+
+// SilenceBound returns the default StreamConfig.SilenceTimeout for a
+// server whose wal_sender_timeout is walSenderTimeout: the same bound the
+// walsender applies to walcount's replies, or DefaultSilenceTimeout when
+// the server applies none.
+func SilenceBound(walSenderTimeout time.Duration) time.Duration {
+	if walSenderTimeout <= 0 {
+		return DefaultSilenceTimeout
+	}
+	return walSenderTimeout
+}
 
 var (
 	// ErrSlotInUse is wrapped when another process streams from the slot.
 	ErrSlotInUse = errors.New("replication slot is in use by another process")
 	// ErrSlotMissing is wrapped when the slot does not exist.
 	ErrSlotMissing = errors.New("replication slot does not exist")
+	// ErrStreamSilent is wrapped when nothing, not even a keepalive,
+	// arrived for longer than StreamConfig.SilenceTimeout: the server, or
+	// the network path to it, is gone while the socket stays open.
+	ErrStreamSilent = errors.New("replication stream went silent")
 )
 
 // StreamConfig configures a Stream.
@@ -71,6 +89,12 @@ type StreamConfig struct {
 	StatusInterval time.Duration
 	// ReceiveTimeout: default DefaultReceiveTimeout.
 	ReceiveTimeout time.Duration
+	// SilenceTimeout, when more than 0, bounds the time the stream waits
+	// for any message: past it Run fails with ErrStreamSilent. A healthy
+	// walsender always answers in time, because while nothing arrives the
+	// stream's status updates ask for a reply (a keepalive) every third of
+	// the bound, or every StatusInterval when that is sooner.
+	SilenceTimeout time.Duration
 	// QueueSize, in batches: default DefaultQueueSize.
 	QueueSize int
 	// QueueBytes bounds the bytes of the batches handed over and not yet
@@ -138,6 +162,10 @@ type Stream struct {
 	lastCommit LSN  // end LSN of the last COMMIT decoded
 	idleEnd    LSN  // the server's sent position from a keepalive no data followed
 	confirmed  LSN  // the highest flush position sent
+	// dead is set when Run declared the stream silent: Close then
+	// closes the socket without waiting for a server that does not
+	// answer.
+	dead bool
 }
 
 // Connect opens a replication connection and starts streaming from
@@ -249,6 +277,10 @@ func (s *Stream) newDecoder() *Decoder {
 	return d
 }
 
+// BackendPID returns the process id of the walsender that serves the
+// stream.
+func (s *Stream) BackendPID() uint32 { return s.conn.PID() }
+
 // History returns "<system identifier>/<timeline>": the server history
 // the stream reads, from IDENTIFY_SYSTEM. A promoted standby keeps the
 // system identifier and starts a new timeline; a restored backup or
@@ -317,7 +349,7 @@ func (s *Stream) admit(n int64) bool {
 // after Run returned (the final flush of a clean shutdown) reaches the
 // server, then closes the connection. Call it after Run has returned.
 func (s *Stream) Close() {
-	if !s.conn.IsClosed() {
+	if !s.conn.IsClosed() && !s.dead {
 		if err := s.confirmFinal(); err != nil {
 			s.log.Warn("final status update not confirmed; the slot may confirm an older W (harmless: it is replayed and skipped)", zap.Error(err))
 		}
@@ -334,7 +366,7 @@ func (s *Stream) Close() {
 // could lose the update: closing with unread data makes the kernel send
 // a reset, and the server discards what it had not read yet.
 func (s *Stream) confirmFinal() error {
-	if err := s.sendStatus(false); err != nil {
+	if err := s.sendStatus(false, false); err != nil {
 		return err
 	}
 	s.conn.Frontend().Send(&pgproto3.CopyDone{})
@@ -394,6 +426,7 @@ func (s *Stream) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		r.heard = time.Now()
 		if err := r.dispatch(msg); err != nil {
 			return err
 		}
@@ -408,9 +441,14 @@ type receiver struct {
 	dec   *Decoder
 	batch *Batch
 	// sentAck is the W the last status update carried, nextStatus when
-	// the next one is due even if W does not move.
-	sentAck    LSN
-	nextStatus time.Time
+	// the next one is due even if W does not move; statusEvery is the
+	// interval between them.
+	sentAck     LSN
+	nextStatus  time.Time
+	statusEvery time.Duration
+	// heard is when the last message arrived, or when the stream last
+	// started listening again after a blocked hand-over.
+	heard time.Time
 	// deadline is the socket's read deadline.
 	deadline  time.Time
 	stopWatch func() bool
@@ -424,14 +462,20 @@ type receiver struct {
 // partly read message resumes.
 func (s *Stream) newReceiver(ctx context.Context) *receiver {
 	nc := s.conn.Conn()
+	now := time.Now()
 	r := &receiver{
-		s:          s,
-		ctx:        ctx,
-		nc:         nc,
-		dec:        s.newDecoder(),
-		batch:      s.newBatch(),
-		nextStatus: time.Now(),
-		stopWatch:  context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) }),
+		s:           s,
+		ctx:         ctx,
+		nc:          nc,
+		dec:         s.newDecoder(),
+		batch:       s.newBatch(),
+		nextStatus:  now,
+		statusEvery: s.cfg.StatusInterval,
+		heard:       now,
+		stopWatch:   context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) }),
+	}
+	if t := s.cfg.SilenceTimeout; t > 0 {
+		r.statusEvery = min(r.statusEvery, t/3)
 	}
 	r.co = newCoalescer(nc, s.cfg.CoalesceWindow)
 	return r
@@ -455,21 +499,25 @@ func (r *receiver) stop() error {
 		default:
 		}
 	}
-	_ = r.s.sendStatus(false)
+	_ = r.s.sendStatus(false, false)
 	return nil
 }
 
 // statusIfDue sends a standby status update when W moved or the status
 // interval passed, so the server learns W promptly and never times the
-// connection out (design rule 9).
+// connection out (design rule 9). A timed update sent after a status
+// interval in which nothing arrived asks the server for a reply: a healthy
+// walsender answers it with a keepalive, so a stream that stays silent past
+// SilenceTimeout is one whose server or network path is gone.
 func (r *receiver) statusIfDue() error {
 	now := time.Now()
 	if acked := r.s.Acked(); acked != r.sentAck || !now.Before(r.nextStatus) {
-		if err := r.s.sendStatus(false); err != nil {
+		ping := !now.Before(r.nextStatus) && now.Sub(r.heard) >= r.statusEvery
+		if err := r.s.sendStatus(false, ping); err != nil {
 			return err
 		}
 		r.sentAck = acked
-		r.nextStatus = now.Add(r.s.cfg.StatusInterval)
+		r.nextStatus = now.Add(r.statusEvery)
 	}
 	return nil
 }
@@ -506,16 +554,36 @@ func (r *receiver) setDeadline() error {
 
 // quiet handles a receive that timed out: nothing (more) arrived in time,
 // so what is decoded goes to the consumer, which a half-full batch must
-// not starve, and the coalescing window may end.
+// not starve, and the coalescing window may end. A silence longer than
+// SilenceTimeout ends the stream.
 func (r *receiver) quiet() error {
 	if len(r.batch.Events) > 0 {
 		var err error
-		if r.batch, err = r.s.handOver(r.ctx, r.batch); err != nil {
+		if r.batch, err = r.handOver(r.batch); err != nil {
 			return err
 		}
 	}
 	r.co.windowPassed()
+	if t := r.s.cfg.SilenceTimeout; t > 0 {
+		if silent := time.Since(r.heard); silent > t {
+			r.s.dead = true
+			return fmt.Errorf("%w: nothing received from walsender pid %d for %s, not even a keepalive (stream_timeout %s); abandoning the connection",
+				ErrStreamSilent, r.s.BackendPID(), silent.Round(time.Millisecond), t)
+		}
+	}
 	return nil
+}
+
+// handOver is Stream.handOver for the receive loop: the time a hand-over
+// waited for the consumer was spent not listening, so it is no silence of
+// the server's.
+func (r *receiver) handOver(b *Batch) (*Batch, error) {
+	start := time.Now()
+	nb, err := r.s.handOver(r.ctx, b)
+	if time.Since(start) > r.s.cfg.ReceiveTimeout {
+		r.heard = time.Now()
+	}
+	return nb, err
 }
 
 // dispatch handles one message of the COPY BOTH stream.
@@ -553,11 +621,11 @@ func (r *receiver) keepalive(data []byte) error {
 	}
 	r.s.idleEnd = ka.ServerWALEnd
 	if ka.ReplyRequested {
-		if err := r.s.sendStatus(true); err != nil {
+		if err := r.s.sendStatus(true, false); err != nil {
 			return err
 		}
 		r.sentAck = r.s.Acked()
-		r.nextStatus = time.Now().Add(r.s.cfg.StatusInterval)
+		r.nextStatus = time.Now().Add(r.statusEvery)
 	}
 	return nil
 }
@@ -597,7 +665,7 @@ func (r *receiver) walData(data []byte) error {
 		s.cfg.Observer.Received(end)
 	}
 	if len(r.batch.Events) >= s.cfg.BatchEvents {
-		if r.batch, err = s.handOver(r.ctx, r.batch); err != nil {
+		if r.batch, err = r.handOver(r.batch); err != nil {
 			return err
 		}
 	}
@@ -714,7 +782,7 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 					zap.Int64("queue_bytes", s.queued.Load()))
 				logged = true
 			}
-			if err := s.sendStatus(false); err != nil {
+			if err := s.sendStatus(false, false); err != nil {
 				return b, err
 			}
 		}
@@ -738,7 +806,9 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 // routine updates (every status interval, on every new W and at Close)
 // confirm W alone, and the servers' regular keepalives never ask for a
 // reply from a client that sends those updates.
-func (s *Stream) sendStatus(answer bool) error {
+//
+// ping asks the server to answer at once with a keepalive.
+func (s *Stream) sendStatus(answer, ping bool) error {
 	w := s.Acked()
 	if answer && s.idleEnd > w && !s.inTxn && w >= s.lastCommit && s.idleEnd > s.confirmed {
 		if s.cfg.ConfirmingPast == nil || s.cfg.ConfirmingPast(w, s.idleEnd) == nil {
@@ -760,6 +830,7 @@ func (s *Stream) sendStatus(answer bool) error {
 		WALWritePosition: recv,
 		WALFlushPosition: w,
 		WALApplyPosition: w,
+		ReplyRequested:   ping,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status update: %w", err)

@@ -139,3 +139,30 @@ func LeafChanges(saved, now []Leaf) (changes []string, added []Leaf) {
 func FormatLeafChanges(source string, changes []string) string {
 	return fmt.Sprintf("%s changed without row-level changes in the WAL: %s", source, strings.Join(changes, ", "))
 }
+
+// RowsBeforeAttach reports whether leaf, created in the transaction that
+// attached it below source (not Preexisting), holds rows that transaction
+// wrote before the attachment: a table created apart, filled and attached
+// in one transaction, whose rows were inserted while it was not part of the
+// source and so never reached the stream. A partition created as such
+// (CREATE TABLE ... PARTITION OF) has its pg_inherits row from its first
+// command, so every row of its transaction comes after it. The order is
+// the rows' and the pg_inherits rows' command ids (cmin) within that
+// transaction (xmin), for the leaf and each of its ancestors below source.
+func RowsBeforeAttach(ctx context.Context, q Querier, source string, leaf Leaf) (bool, error) {
+	var before bool
+	// The name is regclass's output: quoted where it needs to be. cid has
+	// no ordering operator: its text is a whole number.
+	err := q.QueryRow(ctx, `
+SELECT EXISTS (
+  SELECT FROM `+leaf.Name+` r
+  JOIN pg_inherits i ON i.xmin = r.xmin AND r.cmin::text::bigint < i.cmin::text::bigint
+  WHERE i.inhrelid IN (
+    SELECT a.relid FROM pg_partition_tree(to_regclass($1)) a
+    WHERE a.level > 0 AND a.relid IN (SELECT pg_partition_ancestors($2::oid::regclass))))`,
+		source, leaf.OID).Scan(&before)
+	if err != nil {
+		return false, fmt.Errorf("read the rows of partition %s: %w", leaf.Name, err)
+	}
+	return before, nil
+}

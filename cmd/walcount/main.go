@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/preflight"
 )
@@ -75,6 +76,10 @@ func exitStatus(err error) int {
 	case errors.As(err, &cfgErr), errors.As(err, &ue):
 		return exitUsage
 	case errors.As(err, &ref) && ref.ConfigProblem():
+		return exitUsage
+	case errors.Is(err, buffer.ErrOtherDeployment):
+		// Two deployments share a Redis and a slot name: the
+		// configuration of one of them must change.
 		return exitUsage
 	}
 	return exitFailure

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -48,11 +49,6 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 // that needs an operator (a lost slot, a counter that cannot be attributed).
 func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipCheck bool) error {
 	applyCPUScheduling(cfg.CPUScheduling, log)
-	if !skipCheck {
-		if err := runPreflight(ctx, cfg, log); err != nil {
-			return err
-		}
-	}
 	// New exports walcount_build_info from buildinfo.Get().
 	m := metrics.New()
 	d, err := daemon.New(daemon.Options{Config: cfg, Metrics: m, Logger: log})
@@ -83,6 +79,15 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 	bi := buildinfo.Get()
 	log.Info("walcount version", zap.String("version", bi.Version), zap.String("revision", bi.Revision),
 		zap.String("modified", bi.Modified), zap.String("go_version", bi.GoVersion))
+	if !skipCheck {
+		if err := waitPreflight(ctx, cfg, log, d); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			log.Info("walcount stopped cleanly")
+			return nil
+		}
+	}
 	if err := d.Run(ctx); err != nil {
 		return err
 	}
@@ -90,15 +95,46 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 	return nil
 }
 
+// waitPreflight runs the preflight checks until they pass, refuse, or ctx
+// ends. A PostgreSQL or Redis that does not answer yet (a server
+// restarting, a Redis Cluster electing a new master) is no reason to exit:
+// the checks are run again with the daemon's backoff, and meanwhile the
+// daemon reports a failed start (/readyz answers 503 with the reason), as
+// a session that fails mid-run would. Any other problem refuses at once.
+func waitPreflight(ctx context.Context, cfg config.Config, log *zap.Logger, d *daemon.Daemon) error {
+	backoff := daemon.DefaultRetryMin
+	for {
+		findings, err := runPreflight(ctx, cfg, log)
+		var ref *preflight.Refusal
+		unreachable := errors.As(err, &ref) && ref.Unreachable() || !errors.As(err, &ref) && preflight.Unreachable(err)
+		if err == nil || !unreachable || ctx.Err() != nil {
+			logWarnings(findings, log)
+			return err
+		}
+		d.StartFailed(err, backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, daemon.DefaultRetryMax)
+	}
+}
+
 // runPreflight refuses to start rather than count wrongly (design rule
-// 11): it runs walcount check's findings through the same gate as check,
-// logs the warnings and returns the *preflight.Refusal that lists every
-// problem with its fix.
-func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+// 11): it runs walcount check's findings through the same gate as check
+// and returns them with the *preflight.Refusal that lists every problem
+// with its fix.
+func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) ([]preflight.Finding, error) {
 	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, Logger: log})
 	if err != nil {
-		return fmt.Errorf("preflight: %w", err)
+		return findings, fmt.Errorf("preflight: %w", err)
 	}
+	return findings, preflight.Gate(findings)
+}
+
+// logWarnings logs the preflight's warnings.
+func logWarnings(findings []preflight.Finding, log *zap.Logger) {
 	for _, f := range findings {
 		if f.Severity != preflight.Warning || f.Check == preflight.CheckSlotWALKeepSize {
 			// The daemon reports max_slot_wal_keep_size itself at start,
@@ -107,5 +143,4 @@ func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) error
 		}
 		log.Warn(f.Message, zap.String("check", f.Check), zap.String("fix", f.Fix))
 	}
-	return preflight.Gate(findings)
 }

@@ -40,6 +40,7 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 			defer conn.Close(context.Background())
 			opt.Config = cfg
 			opt.Out = cmd.OutOrStdout()
+			opt.Waits = cmd.ErrOrStderr()
 			res, err := setup.Run(ctx, conn, opt)
 			if err != nil {
 				return err

@@ -241,6 +241,18 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 			LastError    string   `json:"last_error"`
 			StandbySlots []string `json:"standby_slots"`
 			AckHeld      int64    `json:"ack_held_bytes"`
+			StandbyWait  *struct {
+				Seconds float64 `json:"seconds"`
+				Slots   []struct {
+					Slot   string `json:"slot"`
+					Active bool   `json:"active"`
+				} `json:"slots"`
+			} `json:"standby_wait"`
+			SlotWait *struct {
+				Waiting float64 `json:"waiting_seconds"`
+				PID     int32   `json:"pid"`
+				Age     float64 `json:"xact_age_seconds"`
+			} `json:"slot_creation_wait"`
 		}
 		_ = json.Unmarshal(r.Daemon, &d)
 		switch {
@@ -260,6 +272,20 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		}
 		if len(d.StandbySlots) > 0 {
 			fmt.Fprintf(tw, "standbys\tW is confirmed once %s have each flush; %s waiting\n", strings.Join(d.StandbySlots, ", "), humanBytes(d.AckHeld))
+		}
+		if w := d.StandbyWait; w != nil {
+			var slots []string
+			for _, s := range w.Slots {
+				state := "connected"
+				if !s.Active {
+					state = "no standby connected"
+				}
+				slots = append(slots, s.Slot+" ("+state+")")
+			}
+			fmt.Fprintf(tw, "standby wait\tPostgreSQL has held walcount's changes back for %s until %s confirm them\n", secondsAgo(w.Seconds), strings.Join(slots, ", "))
+		}
+		if w := d.SlotWait; w != nil {
+			fmt.Fprintf(tw, "slot creation\twaiting %s for the transaction of pid %d (open %s) to end\n", secondsAgo(w.Waiting), w.PID, secondsAgo(w.Age))
 		}
 	}
 	tw.Flush()

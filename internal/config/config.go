@@ -58,6 +58,11 @@ type Config struct {
 	// HeartbeatInterval is how often an idle stream emits a heartbeat
 	// message so that W and the slot keep moving (design rule 8).
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// StreamTimeout is how long the replication stream may stay silent
+	// (no data, no keepalive) before it is declared dead and the session
+	// restarts. 0, the default, derives it from the server's
+	// wal_sender_timeout (see cdc.SilenceBound).
+	StreamTimeout time.Duration `yaml:"stream_timeout"`
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz,
 	// /status and /v1/reconcile. Empty disables the HTTP server.
 	HTTPAddr string `yaml:"http_addr"`

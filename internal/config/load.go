@@ -203,6 +203,7 @@ type fileConfig struct {
 	Publication       string        `yaml:"publication"`
 	FlushInterval     time.Duration `yaml:"flush_interval"`
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	StreamTimeout     time.Duration `yaml:"stream_timeout"`
 	HTTPAddr          string        `yaml:"http_addr"`
 	HTTPToken         string        `yaml:"http_token"`
 	LogLevel          string        `yaml:"log_level"`
@@ -270,6 +271,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 		Publication:       cfg.Publication,
 		FlushInterval:     cfg.FlushInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval,
+		StreamTimeout:     cfg.StreamTimeout,
 		HTTPAddr:          cfg.HTTPAddr,
 		HTTPToken:         cfg.HTTPToken,
 		LogLevel:          cfg.LogLevel,
@@ -294,6 +296,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 	cfg.Publication = fc.Publication
 	cfg.FlushInterval = fc.FlushInterval
 	cfg.HeartbeatInterval = fc.HeartbeatInterval
+	cfg.StreamTimeout = fc.StreamTimeout
 	cfg.HTTPAddr = fc.HTTPAddr
 	cfg.HTTPToken = fc.HTTPToken
 	cfg.LogLevel = fc.LogLevel

@@ -19,6 +19,11 @@ import (
 // far past any useful coalescing.
 const MaxFlushInterval = time.Hour
 
+// MinStreamTimeout bounds StreamTimeout from below: walcount asks the
+// server for a keepalive every third of the bound, and a bound of a few
+// hundred milliseconds would declare a healthy stream on a busy host dead.
+const MinStreamTimeout = time.Second
+
 var (
 	// slotName is what PostgreSQL accepts as a replication slot name
 	// (ReplicationSlotValidateName). Publication names are held to the
@@ -118,6 +123,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval <= 0 {
 		add("heartbeat_interval", "%s is out of range: must be more than 0", c.HeartbeatInterval)
+	}
+	if c.StreamTimeout < 0 || (c.StreamTimeout > 0 && c.StreamTimeout < MinStreamTimeout) {
+		add("stream_timeout", "%s is out of range: must be 0 (derived from wal_sender_timeout) or at least %s", c.StreamTimeout, MinStreamTimeout)
 	}
 	if c.HTTPAddr != "" {
 		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil {

@@ -104,6 +104,10 @@ func TestParseErrors(t *testing.T) {
 			[]string{"walcount.yaml:2: cannot unmarshal !!str `soon` into a duration"}},
 		{"heartbeat zero", "heartbeat_interval: 0s\n",
 			[]string{"walcount.yaml: heartbeat_interval: 0s is out of range: must be more than 0"}},
+		{"stream timeout too short", "stream_timeout: 100ms\n",
+			[]string{"walcount.yaml: stream_timeout: 100ms is out of range: must be 0 (derived from wal_sender_timeout) or at least 1s"}},
+		{"stream timeout negative", "stream_timeout: -1s\n",
+			[]string{"walcount.yaml: stream_timeout: -1s is out of range"}},
 		{"slot upper case", "slot: Walcount\n",
 			[]string{`walcount.yaml: slot: "Walcount" is not a valid slot name`}},
 		{"slot with dash", "slot: wal-count\n",
@@ -278,6 +282,7 @@ slot: walcount_2
 publication: walcount_pub
 flush_interval: 500ms
 heartbeat_interval: 30s
+stream_timeout: 45s
 http_addr: ":9000"
 log_level: debug
 slot_monitor:
@@ -296,7 +301,7 @@ reconcile:
 	want := Config{
 		DatabaseURL: "postgres://app:p$ss@db:5432/app", RedisURL: "redis://cache:6379/1",
 		Slot: "walcount_2", Publication: "walcount_pub", FlushInterval: 500 * time.Millisecond,
-		HeartbeatInterval: 30 * time.Second, HTTPAddr: ":9000", LogLevel: "debug",
+		HeartbeatInterval: 30 * time.Second, StreamTimeout: 45 * time.Second, HTTPAddr: ":9000", LogLevel: "debug",
 		SlotSettings: SlotSettings{PollInterval: time.Second, MaxLagBytes: 1024},
 		Reconcile:    ReconcileSettings{BatchSize: 50, Interval: &zero, MaxKeysPerSecond: 20000},
 	}

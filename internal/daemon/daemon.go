@@ -85,6 +85,9 @@ type Daemon struct {
 	mon     *monitor.Monitor
 	rec     *reconcile.Reconciler
 
+	// standbyMisses is owned by the observe goroutine (checkStandbyWait).
+	standbyMisses int
+
 	mu    sync.Mutex
 	state daemonState
 }
@@ -123,6 +126,17 @@ type daemonState struct {
 	// unlogged holds, by counter, the UNLOGGED leaves of its source the
 	// partition watch last saw: such a counter is degraded too.
 	unlogged map[string][]string
+	// standbyWait is the walsender's wait for the standbys named in
+	// synchronized_standby_slots, nil when it does not wait (see
+	// checkStandbyWait).
+	standbyWait *StandbyWait
+	// slotWait is what the creation of the slot waits for, nil when no
+	// creation waits (see watchSlotCreation).
+	slotWait *SlotCreationWait
+	// silentPID is the walsender of the last stream declared silent
+	// (cdc.ErrStreamSilent): while it still holds the slot, the slot is
+	// not another walcount's (see takeBackSlot).
+	silentPID uint32
 }
 
 // New connects nothing yet; it validates the URLs and builds the clients.
@@ -221,6 +235,7 @@ func fatal(err error) bool {
 		errors.Is(err, state.ErrOwned) ||
 		errors.Is(err, state.ErrNotClaimed) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
+		errors.Is(err, buffer.ErrOtherDeployment) ||
 		isSlotLost(err)
 }
 
@@ -372,6 +387,17 @@ func (d *Daemon) logFailure(err error, wait time.Duration) {
 	} else {
 		d.log.Debug("session failed again", zap.Error(redactedError{err}), zap.Duration(logRetryIn, wait), zap.Int(logFailures, n))
 	}
+}
+
+// StartFailed records a start of walcount run that could not go on yet
+// because a server did not answer (before Run, in the preflight checks) as
+// a failed session at start: it is logged like one, with the retry,
+// counted in walcount_session_failures_total{stage="start"} and shown by
+// /readyz and /status, and the first session that streams logs the
+// recovery.
+func (d *Daemon) StartFailed(err error, retryIn time.Duration) {
+	d.setErr(err)
+	d.logFailure(err, retryIn)
 }
 
 func (d *Daemon) setErr(err error) {

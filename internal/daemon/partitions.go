@@ -14,6 +14,10 @@ import (
 	"github.com/walcount/walcount/state"
 )
 
+// partitionScanTimeout bounds the read of a new leaf created in the
+// transaction that attached it (see state.RowsBeforeAttach).
+const partitionScanTimeout = 30 * time.Second
+
 // watchPartitions compares the leaf partitions of every partitioned source
 // with those saved in walcount's state, every slot poll interval while
 // this daemon streams. DETACH PARTITION, DROP of a partition, TRUNCATE of
@@ -46,8 +50,8 @@ func (d *Daemon) watchPartitions(ctx context.Context) {
 // checkPartitions compares one counter's source with its saved leaves,
 // marks the counter dirty when rows changed without WAL, and saves the
 // leaves as they are now, in one transaction.
-func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
-	ctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+func (d *Daemon) checkPartitions(parent context.Context, c counter.Counter) error {
+	ctx, cancel := context.WithTimeout(parent, sampleTimeout)
 	defer cancel()
 	schema, name := counter.SplitTable(c.Source)
 	source := pgx.Identifier{schema, name}.Sanitize()
@@ -78,7 +82,25 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 		changes, added = state.LeafChanges(saved, now)
 		for _, l := range added {
 			if !l.Preexisting {
-				continue // created as a partition: its rows came through the WAL
+				// Created in the transaction that attached it: as a
+				// partition (its rows came through the WAL), or apart,
+				// filled and attached (they did not).
+				// That reads the whole leaf, once: it gets a bound of
+				// its own, and a leaf too large to read within it is
+				// repaired rather than trusted.
+				sctx, scancel := context.WithTimeout(parent, partitionScanTimeout)
+				before, err := state.RowsBeforeAttach(sctx, d.pool, source, l)
+				timedOut := sctx.Err() != nil && parent.Err() == nil
+				scancel()
+				switch {
+				case err != nil && timedOut:
+					changes = append(changes, fmt.Sprintf("partition %s created and attached in one transaction, too large to tell within %s whether it was filled before its attachment", l.Name, partitionScanTimeout))
+				case err != nil:
+					return err
+				case before:
+					changes = append(changes, fmt.Sprintf("partition %s created, filled and attached in one transaction", l.Name))
+				}
+				continue
 			}
 			var rows bool
 			// The name is regclass's output: quoted where it needs to be.
@@ -93,6 +115,9 @@ func (d *Daemon) checkPartitions(ctx context.Context, c counter.Counter) error {
 			return nil
 		}
 	}
+	// A long read of a new leaf may have used up the first bound.
+	ctx, cancel = context.WithTimeout(parent, sampleTimeout)
+	defer cancel()
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return err

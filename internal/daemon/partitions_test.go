@@ -211,6 +211,62 @@ func TestUnloggedSourceUnderAllTables(t *testing.T) {
 		t.Errorf("still degraded after SET LOGGED: %v", got)
 	}
 	e.assertExact()
+// TestPartitionFilledAndAttachedInOneTransaction creates a table, fills
+// it and attaches it as a partition of the source in one transaction: its
+// rows were inserted while it was not yet part of the source, so they never
+// reach the stream, and the attachment looks like a partition created as
+// such (one transaction wrote its catalog rows). walcount must see in the
+// catalog that rows predate the attachment, mark the counter dirty and
+// repair it. A partition created as such and filled in the same
+// transaction, whose rows did reach the stream, marks nothing.
+func TestPartitionFilledAndAttachedInOneTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, partitionedSchema+"INSERT INTO posts (id) SELECT g FROM generate_series(52, 70) g;\n", nil)
+	ctx := context.Background()
+	d := e.start()
+	waitRun(t, d, 0)
+	newWorkload(e.db).run(ctx, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+	dirtyRunsDone := func() int {
+		var n int
+		if err := e.db.QueryRow(ctx, "SELECT count(*) FROM walcount.reconcile_runs WHERE kind = 'dirty' AND status = 'done'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// Created as a partition and filled in one transaction: the rows are
+	// in the stream.
+	e.inTransaction(
+		"CREATE TABLE likes_d PARTITION OF likes FOR VALUES FROM (52) TO (61)",
+		"ALTER TABLE likes_d REPLICA IDENTITY FULL",
+		"INSERT INTO likes (post_id) SELECT 52 + g % 9 FROM generate_series(1, 300) g",
+	)
+	e.waitCaughtUp(catchUp)
+	// The watcher compares the partitions every poll interval; give it
+	// several.
+	time.Sleep(3 * e.cfg.SlotSettings.PollInterval)
+	if marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot); err != nil || len(marks) != 0 {
+		t.Errorf("a partition created as such and filled in its transaction marked the counter dirty: %+v (%v)", marks, err)
+	}
+	e.assertExact()
+	before := dirtyRunsDone()
+
+	// Created apart, filled and attached in one transaction: 600 rows
+	// the stream never carries.
+	e.inTransaction(
+		"CREATE TABLE likes_e (id bigint NOT NULL DEFAULT nextval('likes_id_seq'), post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0, PRIMARY KEY (id, post_id))",
+		"INSERT INTO likes_e (post_id) SELECT 61 + g % 10 FROM generate_series(1, 600) g",
+		"ALTER TABLE likes_e REPLICA IDENTITY FULL",
+		"ALTER TABLE likes ATTACH PARTITION likes_e FOR VALUES FROM (61) TO (71)",
+	)
+	waitFor(t, "the rows attached in one transaction to be repaired", func() bool {
+		marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot)
+		return err == nil && len(marks) == 0 && dirtyRunsDone() > before
+	})
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}

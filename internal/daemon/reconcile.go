@@ -189,7 +189,10 @@ func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
 		return err
 	}
 	var lsn state.LSN
-	if err := conn.QueryRow(ctx, setup.CreateSlotSQL(v), d.cfg.Slot).Scan(&lsn); err != nil {
+	stopWatch := d.watchSlotCreation(ctx, conn.Conn().PgConn().PID())
+	err = conn.QueryRow(ctx, setup.CreateSlotSQL(v), d.cfg.Slot).Scan(&lsn)
+	stopWatch()
+	if err != nil {
 		return fmt.Errorf("create the slot: %w", err)
 	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/sink"
@@ -54,8 +55,10 @@ type liveSession struct {
 	// transaction up to it (design rule 4).
 	start cdc.LSN
 	// gate holds W back until the standbys have it.
-	gate   *sink.StandbyGate
-	closed bool
+	gate *sink.StandbyGate
+	// silence is the stream's cdc.StreamConfig.SilenceTimeout.
+	silence time.Duration
+	closed  bool
 }
 
 // openSession checks the state schema, reads W, takes the slot (it fails
@@ -97,6 +100,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	if d.opt.replayFromSlot {
 		w = 0
 	}
+	silence := d.streamTimeout(ctx)
 	stream, err := cdc.Connect(ctx, cdc.StreamConfig{
 		ConnString:     d.cfg.DatabaseURL,
 		Slot:           d.cfg.Slot,
@@ -105,6 +109,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		AckLater:       true,
 		StatusInterval: d.opt.StatusInterval,
 		ReceiveTimeout: d.opt.ReceiveTimeout,
+		SilenceTimeout: silence,
 		Observer:       streamObserver{d},
 		Logger:         d.log,
 		ConfirmingPast: func(w, to cdc.LSN) error {
@@ -117,9 +122,17 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		if lost := d.checkSlotLost(ctx, err); lost != nil {
 			return nil, lost
 		}
+		if errors.Is(err, cdc.ErrSlotInUse) {
+			if held := d.takeBackSlot(ctx, err); held != nil {
+				return nil, held
+			}
+		}
 		return nil, err
 	}
-	s := &liveSession{d: d, flusher: flusher, stream: stream}
+	d.mu.Lock()
+	d.state.silentPID = 0
+	d.mu.Unlock()
+	s := &liveSession{d: d, flusher: flusher, stream: stream, silence: silence}
 	// Every new W goes to the stream's next status update once the
 	// standbys that must carry the slot have its flush (design rules 3
 	// and 16), W read at the start included, even when the stream was
@@ -162,7 +175,8 @@ func (d *Daemon) sessionStarted(s *liveSession) {
 	d.state.sessionStart = time.Now()
 	d.mu.Unlock()
 	d.m.Streaming.Set(1)
-	d.log.Info("streaming", zap.String("checkpoint", s.flusher.W().String()), zap.String("redis_lsn", s.start.String()))
+	d.log.Info("streaming", zap.String("checkpoint", s.flusher.W().String()), zap.String("redis_lsn", s.start.String()),
+		zap.Duration("stream_timeout", s.silence))
 }
 
 // sessionEnded withdraws what sessionStarted published.
@@ -216,7 +230,16 @@ func (s *liveSession) run(ctx context.Context) error {
 	defer context.AfterFunc(ctx, stopStream)()
 	workCtx, stopWork := context.WithCancel(gctx)
 	defer stopWork()
-	g.Go(func() error { return s.stream.Run(streamCtx) })
+	g.Go(func() error {
+		err := s.stream.Run(streamCtx)
+		if errors.Is(err, cdc.ErrStreamSilent) {
+			d.mu.Lock()
+			d.state.silentPID = s.stream.BackendPID()
+			d.mu.Unlock()
+			d.m.StreamTimeouts.Inc()
+		}
+		return err
+	})
 	g.Go(func() error {
 		// The stream closed its output (drained) or a part failed: either
 		// way the other workers are done.
@@ -228,6 +251,10 @@ func (s *liveSession) run(ctx context.Context) error {
 	g.Go(func() error { return d.watchRelations(workCtx, bound) })
 	g.Go(func() error {
 		d.heartbeat(workCtx, s.stream)
+		return nil
+	})
+	g.Go(func() error {
+		d.stampBuffer(workCtx, buffer.System(s.stream.History()))
 		return nil
 	})
 	return g.Wait()
@@ -252,6 +279,12 @@ func (s *liveSession) finalFlush(ctx context.Context) {
 // discarded. It returns the end LSN of the last transaction Redis or
 // PostgreSQL holds: streaming skips up to it.
 func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (cdc.LSN, error) {
+	// Another cluster's walcount keeping the same keys is another
+	// deployment, not a loss: resetting its buffer would make it reset
+	// this one's in turn.
+	if err := d.buf.CheckOwner(ctx, history, time.Now()); err != nil {
+		return 0, err
+	}
 	meta, err := d.buf.Meta(ctx)
 	if err != nil {
 		return 0, err
@@ -286,6 +319,9 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
+	}
+	if _, err := d.buf.MarkAlive(ctx, buffer.System(history), time.Now()); err != nil {
+		return 0, err
 	}
 	meta, err = d.buf.Meta(ctx)
 	if err != nil {
@@ -361,6 +397,26 @@ func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 	}
 }
 
+// stampBuffer marks the Redis chain as this deployment's every
+// buffer.AliveInterval, so that the walcount of another cluster configured
+// with the same Redis and slot name refuses to reset it (see
+// buffer.CheckOwner). A failed stamp is retried at the next tick; a chain
+// that is no longer this system's is the next Redis write's business.
+func (d *Daemon) stampBuffer(ctx context.Context, sys string) {
+	t := time.NewTicker(buffer.AliveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+		_, _ = d.buf.MarkAlive(rctx, sys, time.Now())
+		cancel()
+	}
+}
+
 // checkSlotLost turns a failed START_REPLICATION on a lost (invalidated)
 // slot into monitor's SlotLostError; a missing slot keeps the stream's
 // cdc.ErrSlotMissing.
@@ -382,4 +438,48 @@ func (o streamObserver) Received(lsn cdc.LSN) { o.d.m.ReceivedLSN.Set(float64(ls
 
 func (o streamObserver) Blocked(dur time.Duration) {
 	o.d.m.QueueBlockedSeconds.Add(dur.Seconds())
+}
+
+// streamTimeout returns the stream's silence bound: stream_timeout, or when
+// it is 0 the server's wal_sender_timeout (cdc.SilenceBound), read now so
+// that a changed server setting applies from the next session on.
+func (d *Daemon) streamTimeout(ctx context.Context) time.Duration {
+	if d.cfg.StreamTimeout > 0 {
+		return d.cfg.StreamTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	var ms int64
+	if err := d.pool.QueryRow(rctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil {
+		return cdc.SilenceBound(0)
+	}
+	return max(cdc.SilenceBound(time.Duration(ms)*time.Millisecond), config.MinStreamTimeout)
+}
+
+// takeBackSlot handles a slot found in use by the walsender of walcount's
+// own stream that went silent: that walsender is stopped or cut off, not
+// another walcount, so the daemon does not wait as a standby would. It asks
+// PostgreSQL to end that walsender and returns an error that says so; nil
+// when another process holds the slot.
+func (d *Daemon) takeBackSlot(ctx context.Context, inUse error) error {
+	d.mu.Lock()
+	pid := d.state.silentPID
+	d.mu.Unlock()
+	if pid == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	var active *int64
+	if err := d.pool.QueryRow(rctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, d.cfg.Slot).Scan(&active); err != nil ||
+		active == nil || *active != int64(pid) {
+		return nil
+	}
+	var ended bool
+	terr := d.pool.QueryRow(rctx, `SELECT pg_terminate_backend($1)`, int64(pid)).Scan(&ended)
+	msg := "asked PostgreSQL to end it (pg_terminate_backend)"
+	if terr != nil {
+		msg = fmt.Sprintf("could not end it (%v); it ends at wal_sender_timeout, or end it with SELECT pg_terminate_backend(%d)", terr, pid)
+	}
+	return fmt.Errorf("%w: the slot is still held by walsender pid %d of the stream that went silent; %s (%v)", cdc.ErrStreamSilent, pid, msg, inUse)
 }

@@ -74,9 +74,15 @@ type Status struct {
 	Degraded []string      `json:"degraded,omitempty"`
 	// RedisEviction says why Redis may evict walcount's keys, with the
 	// fix; absent when it may not.
-	RedisEviction string              `json:"redis_eviction,omitempty"`
-	SlotStatus    *monitor.SlotStatus `json:"slot_status,omitempty"`
-	Reconcile     any                 `json:"reconcile,omitempty"`
+	RedisEviction string `json:"redis_eviction,omitempty"`
+	// StandbyWait is the walsender's wait for the standbys named in
+	// synchronized_standby_slots, while it lasts.
+	StandbyWait *StandbyWait `json:"standby_wait,omitempty"`
+	// SlotCreationWait is what the creation of the replication slot
+	// (on_slot_loss: recreate) waits for, while it does.
+	SlotCreationWait *SlotCreationWait   `json:"slot_creation_wait,omitempty"`
+	SlotStatus       *monitor.SlotStatus `json:"slot_status,omitempty"`
+	Reconcile        any                 `json:"reconcile,omitempty"`
 }
 
 // CounterStatus is one counter in /status. The numbers count from the start
@@ -144,6 +150,7 @@ func (d *Daemon) observe(ctx context.Context) {
 		d.mu.Lock()
 		d.state.progress = s.p
 		d.mu.Unlock()
+		d.checkStandbyWait(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -297,6 +304,16 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		StandbySlots:   smp.standbySlots,
 		AckHeldBytes:   smp.ackHeld,
 	}
+	if w := st.standbyWait; w != nil {
+		c := *w
+		c.Seconds = max(time.Since(c.Since), 0).Seconds()
+		s.StandbyWait = &c
+	}
+	if w := st.slotWait; w != nil {
+		c := *w
+		c.WaitingSeconds = max(time.Since(c.Since), 0).Seconds()
+		s.SlotCreationWait = &c
+	}
 	for _, c := range d.cfg.Counters {
 		if !d.keepable(c.Name) {
 			s.Degraded = append(s.Degraded, c.Name)
@@ -359,9 +376,12 @@ func gaugeValue(g prometheus.Gauge) float64 {
 // returns every reason, joined.
 func (d *Daemon) Ready(ctx context.Context) error {
 	d.mu.Lock()
-	streaming, waiting, lastErr := d.state.streaming, d.state.waiting, d.state.lastErr
+	streaming, waiting, lastErr, slotWait := d.state.streaming, d.state.waiting, d.state.lastErr, d.state.slotWait
 	d.mu.Unlock()
 	var errs []error
+	if slotWait != nil {
+		errs = append(errs, errors.New(slotWait.String()))
+	}
 	if !streaming {
 		switch {
 		case waiting:

@@ -142,6 +142,10 @@ type Metrics struct {
 	// W committed, waiting for the standbys named in
 	// synchronized_standby_slots to flush it.
 	AckHeldBytes prometheus.Gauge
+	// StandbyWaitSeconds is how long the walsender has been holding
+	// walcount's changes back for a standby named in
+	// synchronized_standby_slots; 0 while it does not.
+	StandbyWaitSeconds prometheus.Gauge
 
 	// Stream.
 
@@ -169,6 +173,9 @@ type Metrics struct {
 	// retried, whatever failed (PostgreSQL, Redis, the replication
 	// connection), by stage (see StageStart).
 	SessionFailures *prometheus.CounterVec
+	// StreamTimeouts counts replication streams declared dead because
+	// nothing, not even a keepalive, arrived within stream_timeout.
+	StreamTimeouts prometheus.Counter
 
 	// Flushes.
 
@@ -254,6 +261,8 @@ func New() *Metrics {
 			"End LSN of the last transaction received from the replication stream."),
 		CheckpointAgeSeconds: gauge("checkpoint_age_seconds",
 			"Seconds since the checkpoint LSN last moved."),
+		StandbyWaitSeconds: gauge("standby_wait_seconds",
+			"Seconds the walsender has been holding walcount's changes back until a standby named in synchronized_standby_slots confirms them (PostgreSQL 17+, wait event WaitForStandbyConfirmation); 0 while it does not."),
 		AckHeldBytes: gauge("ack_held_bytes",
 			"Bytes of WAL by which the position confirmed to the slot trails the checkpoint, held back until the standbys in synchronized_standby_slots have the flush that wrote it."),
 
@@ -275,6 +284,8 @@ func New() *Metrics {
 			Namespace: Namespace, Name: "session_failures_total",
 			Help: "Replication sessions that failed and are retried, whatever failed (PostgreSQL, Redis, the replication connection), by stage: start (connecting, taking the slot, recovering the Redis buffer) or streaming (reading the slot, writing deltas to Redis, flushing them).",
 		}, []string{LabelStage}),
+		StreamTimeouts: counter("stream_timeouts_total",
+			"Replication streams abandoned because nothing, not even a keepalive, arrived within stream_timeout (a stopped walsender, a half-open connection); each is also a session failure."),
 
 		Flushes: counter("flushes_total",
 			"Flushes committed to PostgreSQL."),
@@ -333,9 +344,9 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.SlotLagBytes, m.SlotRetainedWALBytes, m.SlotSafeWALSizeBytes, m.SlotActive, m.SlotWALStatus, m.SlotInvalidated,
 		m.SlotSpillBytes, m.SlotSpillTxns, m.SlotStreamBytes, m.SlotStreamTxns, m.SlotReadErrors,
-		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds, m.AckHeldBytes,
+		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds, m.AckHeldBytes, m.StandbyWaitSeconds,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
-		m.WaitingForSlot, m.SessionFailures,
+		m.WaitingForSlot, m.SessionFailures, m.StreamTimeouts,
 		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
 		m.ForgedMessages,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,

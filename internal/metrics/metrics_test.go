@@ -51,6 +51,8 @@ var extraNames = []string{
 	"walcount_streaming",
 	"walcount_waiting_for_slot",
 	"walcount_session_failures_total",
+	"walcount_stream_timeouts_total",
+	"walcount_standby_wait_seconds",
 	"walcount_build_info",
 	"go_goroutines",
 	"process_cpu_seconds_total",

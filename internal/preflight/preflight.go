@@ -86,6 +86,9 @@ const (
 	// (the publication, the slot, the state schema): setup goes ahead
 	// where check and run refuse.
 	CauseSetup
+	// CauseUnreachable means a server did not answer (see Unreachable):
+	// nothing needs to change but time, and walcount run waits for it.
+	CauseUnreachable
 )
 
 // Finding is the result of one check.
@@ -204,6 +207,9 @@ type run struct {
 	user     string
 	// Learnt by checkSlot's early lookup in checkServer.
 	slot *slotInfo
+	// history is "<system identifier>/<timeline>" from IDENTIFY_SYSTEM,
+	// learnt by checkReplicationConn; empty when it failed.
+	history string
 	// tables caches catalog facts by canonical "schema.table".
 	tables map[string]*table
 	// quoted caches quote_ident results.

@@ -97,6 +97,9 @@ func (r *run) checkRedis() {
 		}
 		r.problem(CheckRedis, fmt.Sprintf("Redis at %s does not answer PING: %v", addr, err),
 			"start Redis, or set --redis-url (or WALCOUNT_REDIS_URL) to a reachable Redis")
+		if Unreachable(err) {
+			r.findings[len(r.findings)-1].Cause = CauseUnreachable
+		}
 		return
 	}
 	r.ok(CheckRedis, fmt.Sprintf("Redis at %s answers PING", addr))
@@ -123,6 +126,7 @@ func (r *run) checkRedis() {
 	if !r.probeRedisACL(ctx, client, opts, p, keys, key, key2) {
 		return
 	}
+	r.checkSharedBuffer(ctx, client)
 
 	// Managed Redis services often disable CONFIG; then nothing is said.
 	ev, err := buffer.ReadEviction(ctx, client)

@@ -91,5 +91,6 @@ func (r *run) checkReplicationConn() {
 		r.problem(CheckReplicationConn, fmt.Sprintf("IDENTIFY_SYSTEM failed on a replication connection: %v", err), "")
 		return
 	}
+	r.history = fmt.Sprintf("%s/%d", sys.SystemID, sys.Timeline)
 	r.ok(CheckReplicationConn, fmt.Sprintf("replication connection works (system %s, timeline %d)", sys.SystemID, sys.Timeline))
 }

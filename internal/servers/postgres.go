@@ -87,6 +87,11 @@ type PostgresOptions struct {
 	// files are copied into the data directory, owned by the server's user,
 	// because PostgreSQL refuses a key that another user owns or can read.
 	TLS *TLSFiles
+	// OwnSystem runs initdb for the new cluster instead of copying the
+	// cached template, so that it has a system identifier of its own:
+	// every cluster copied from the template shares the template's, as
+	// standbys of one primary do. It costs an initdb (a second or two).
+	OwnSystem bool
 }
 
 // DefaultPostgresSettings returns the settings every cluster starts with,
@@ -163,7 +168,11 @@ func StartPostgres(ctx context.Context, opt PostgresOptions) (_ *Postgres, err e
 	if err := p.prepareDirs(opt.Dir); err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	if _, err := os.Stat(filepath.Join(p.dataDir, "PG_VERSION")); err != nil {
+	if _, err := os.Stat(filepath.Join(p.dataDir, "PG_VERSION")); err != nil && opt.OwnSystem {
+		if err := initCluster(p.base, binDir, p.dataDir, id); err != nil {
+			return nil, fmt.Errorf("start postgres: create cluster: %w", err)
+		}
+	} else if err != nil {
 		tmpl, err := templateDataDir(binDir, id)
 		if err != nil {
 			return nil, fmt.Errorf("start postgres: %w", err)

@@ -100,33 +100,8 @@ func ensureTemplate(root, binDir string, id identity) (string, error) {
 	if err := os.RemoveAll(data); err != nil {
 		return "", fmt.Errorf("remove stale template: %w", err)
 	}
-	if err := os.Mkdir(data, 0o700); err != nil {
-		return "", fmt.Errorf("create data directory: %w", err)
-	}
-	if err := id.chown(data); err != nil {
+	if err := initCluster(root, binDir, data, id); err != nil {
 		return "", err
-	}
-	cmd := exec.Command(filepath.Join(binDir, "initdb"),
-		"-D", data, "--auth=trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C")
-	cmd.Dir = root
-	cmd.Env = serverEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: id.cred}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("run initdb: %w\n%s", err, out)
-	}
-	if err := writeOwned(filepath.Join(data, "pg_hba.conf"), []byte(templateHBA), 0o600, id); err != nil {
-		return "", err
-	}
-	conf, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		return "", fmt.Errorf("open postgresql.conf: %w", err)
-	}
-	if _, err := conf.WriteString(confInclude); err != nil {
-		conf.Close()
-		return "", fmt.Errorf("write postgresql.conf: %w", err)
-	}
-	if err := conf.Close(); err != nil {
-		return "", fmt.Errorf("write postgresql.conf: %w", err)
 	}
 	if err := os.WriteFile(ready, nil, 0o644); err != nil {
 		return "", fmt.Errorf("mark template ready: %w", err)
@@ -156,6 +131,41 @@ func writeOwned(path string, b []byte, perm os.FileMode, id identity) error {
 func copyDir(src, dst string) error {
 	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
 		return fmt.Errorf("copy %s to %s: %w: %s", src, dst, err, out)
+	}
+	return nil
+}
+
+// initCluster runs initdb into data (which must not exist), run from dir,
+// and prepares the cluster as the template is: walcount's pg_hba.conf and
+// the include of the file StartPostgres writes its settings to.
+func initCluster(dir, binDir, data string, id identity) error {
+	if err := os.Mkdir(data, 0o700); err != nil {
+		return fmt.Errorf("create data directory: %w", err)
+	}
+	if err := id.chown(data); err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(binDir, "initdb"),
+		"-D", data, "--auth=trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C")
+	cmd.Dir = dir
+	cmd.Env = serverEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: id.cred}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("run initdb: %w\n%s", err, out)
+	}
+	if err := writeOwned(filepath.Join(data, "pg_hba.conf"), []byte(templateHBA), 0o600, id); err != nil {
+		return err
+	}
+	conf, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("open postgresql.conf: %w", err)
+	}
+	if _, err := conf.WriteString(confInclude); err != nil {
+		conf.Close()
+		return fmt.Errorf("write postgresql.conf: %w", err)
+	}
+	if err := conf.Close(); err != nil {
+		return fmt.Errorf("write postgresql.conf: %w", err)
 	}
 	return nil
 }

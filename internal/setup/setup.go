@@ -55,6 +55,10 @@ type Options struct {
 	PrintSQL bool
 	Out      io.Writer
 	Logger   *zap.Logger
+	// Waits, when set, is told what the creation of the slot waits for
+	// while it waits (see watchSlotCreation): walcount setup prints it on
+	// stderr.
+	Waits io.Writer
 }
 
 // Result says what Setup did.
@@ -312,14 +316,17 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			return nil
 		}
 		var lsn state.LSN
-		if err := s.conn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn); err != nil {
+		stopWatch := watchSlotCreation(ctx, cfg.DatabaseURL, cfg.Slot, s.conn.PgConn().PID(), opt.Waits)
+		err := s.conn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn)
+		stopWatch()
+		if err != nil {
 			return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
 		}
 		s.res.CreatedSlot = true
 		// A new slot starts a new history: whatever the counters missed
 		// before it (or since an old slot was lost) must be reconciled.
 		s.res.NeedsReconcile = hadCheckpoint
-		err := pgx.BeginFunc(ctx, s.conn, func(tx pgx.Tx) error {
+		err = pgx.BeginFunc(ctx, s.conn, func(tx pgx.Tx) error {
 			if _, err := state.InitCheckpoint(ctx, tx, cfg.Slot, lsn, true); err != nil {
 				return err
 			}
