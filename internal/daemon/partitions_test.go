@@ -211,6 +211,11 @@ func TestUnloggedSourceUnderAllTables(t *testing.T) {
 		t.Errorf("still degraded after SET LOGGED: %v", got)
 	}
 	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestPartitionFilledAndAttachedInOneTransaction creates a table, fills
 // it and attaches it as a partition of the source in one transaction: its
 // rows were inserted while it was not yet part of the source, so they never
