@@ -154,12 +154,14 @@ type Resolved struct {
 	// FilterArgs bound after $1.
 	Truth      string
 	FilterArgs []any
-	// Column returns (key, cached value) for the keys in $1 (text[]).
+	// Column returns (key, cached value) for the keys in $1 (text[]) of
+	// the slot $2: the column plus the delta walcount.carried holds for
+	// the key.
 	Column string
 	// Total counts the target rows.
 	Total string
 	// The survey of a range of keys, with FilterArgs bound after $1 and
-	// $2 (see buildSurvey).
+	// $2 and the slot after them (see buildSurvey).
 	SurveyIntKeys                                        bool
 	SurveyFirst, SurveyNext, SurveyBounds, SurveyCompare string
 }

@@ -45,6 +45,17 @@ var (
 	_ sink.Buffer       = (*buffer.Redis)(nil)
 )
 
+// SessionSettings are the settings of every connection of the daemon's
+// pool: no statement or lock wait is cut short by a setting of the
+// database or the role (reconciliation's surveys take seconds), and a
+// transaction left idle, which could hold row locks the app waits for,
+// ends after a minute.
+var SessionSettings = map[string]string{
+	"lock_timeout":                        "0",
+	"statement_timeout":                   "0",
+	"idle_in_transaction_session_timeout": "60s",
+}
+
 // Options configure a Daemon.
 type Options struct {
 	Config config.Config
@@ -61,6 +72,9 @@ type Options struct {
 	Logger             *zap.Logger
 	// Failpoints are armed by crash tests; nil in production.
 	Failpoints *failpoint.Set
+	// ParkRetry is how long a parked key waits before a flush tries it
+	// again; zero uses sink.DefaultParkRetry.
+	ParkRetry time.Duration
 
 	// replayFromSlot starts streaming at the slot's confirmed position
 	// instead of W, so that tests see the server resend what is applied.
@@ -143,6 +157,13 @@ func New(opt Options) (*Daemon, error) {
 		return nil, &config.Error{Problems: []config.Problem{{Field: "database_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.DatabaseURL), redactErr(err))}}}
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "walcount"
+	// walcount's own bounds for its sessions: settings sent at connection
+	// start win over those of the database and the role (ALTER ROLE ...
+	// SET lock_timeout = '1ms' must not wedge it). The flush sets tighter
+	// ones in its transaction (sink.Options).
+	for k, v := range SessionSettings {
+		pcfg.ConnConfig.RuntimeParams[k] = v
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("create postgres pool: %w", err)
