@@ -67,6 +67,9 @@ const (
 	CheckRedisEviction    = "redis_eviction"
 	CheckTargetIdentity   = "target_identity"
 	CheckOwnership        = "ownership"
+	// CheckTargetRules reports the triggers and CHECK constraints that
+	// act on the flush's UPDATE of a counter column.
+	CheckTargetRules = "target_rules"
 )
 
 // Cause says what must change to resolve a Finding.

@@ -681,3 +681,32 @@ func TestPostgresUnreachable(t *testing.T) {
 		t.Errorf("error shows the password: %v", err)
 	}
 }
+
+// TestTargetRules: check reports a trigger that fires on the flush's
+// UPDATE of the counter column and a CHECK constraint over it, with what
+// they mean for walcount; a trigger on other columns only is not reported.
+func TestTargetRules(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, goodSchema+`
+ALTER TABLE posts ADD COLUMN archived boolean NOT NULL DEFAULT false, ADD COLUMN title text,
+  ADD CONSTRAINT likes_not_negative CHECK (likes_count >= 0);
+CREATE FUNCTION posts_read_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF OLD.archived THEN RAISE EXCEPTION 'post % is archived', OLD.id; END IF; RETURN NEW; END $$;
+CREATE TRIGGER posts_read_only BEFORE UPDATE ON posts FOR EACH ROW EXECUTE FUNCTION posts_read_only();
+CREATE TRIGGER posts_title AFTER UPDATE OF title ON posts FOR EACH ROW EXECUTE FUNCTION posts_read_only();`)
+	findings := run(t, f.cfg)
+	tr := want(t, findings, preflight.CheckTargetRules, preflight.Warning,
+		"trigger posts_read_only (BEFORE UPDATE, for each row) on public.posts fires for every flush's update of public.posts.likes_count")
+	if !strings.Contains(tr.Message, "parks those keys") || !strings.Contains(tr.Fix, "UPDATE OF <the other columns>") {
+		t.Errorf("trigger finding does not say what it means or how to fix it: %+v", tr)
+	}
+	want(t, findings, preflight.CheckTargetRules, preflight.Warning,
+		"CHECK constraint likes_not_negative on public.posts.likes_count (CHECK ((likes_count >= 0)))")
+	for _, fd := range findings {
+		if strings.Contains(fd.Message, "posts_title") {
+			t.Errorf("a trigger on other columns only is reported: %s", fd.Message)
+		}
+	}
+	g := newFixture(t, goodSchema)
+	none(t, run(t, g.cfg), preflight.CheckTargetRules, preflight.Warning)
+}
