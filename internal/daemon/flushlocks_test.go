@@ -31,6 +31,38 @@ CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
 INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
 `
 
+var roleSeq atomic.Int64
+
+// walcountRole makes the role walcount runs as in production, with only
+// the privileges it needs (LOGIN REPLICATION, SELECT on likes, SELECT of
+// the key and the column and UPDATE of the column on posts, walcount's
+// state), and points e.cfg at it for the daemons started next. It returns
+// the role's name.
+func (e *env) walcountRole() string {
+	e.t.Helper()
+	ctx := context.Background()
+	role := fmt.Sprintf("walcount_run_%d_%d", time.Now().UnixNano()%1e9, roleSeq.Add(1))
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN REPLICATION",
+		"GRANT SELECT ON likes TO " + role,
+		"GRANT SELECT (id, likes_count), UPDATE (likes_count) ON posts TO " + role,
+		state.AccessGrants(role),
+	} {
+		if _, err := e.db.Exec(ctx, q); err != nil {
+			e.t.Fatalf("%s: %v", q, err)
+		}
+	}
+	e.t.Cleanup(func() {
+		_, _ = e.db.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = e.db.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	if !strings.Contains(e.cfg.DatabaseURL, "postgres@") {
+		e.t.Fatalf("cannot make a URL for role %s from %s", role, e.cfg.DatabaseURL)
+	}
+	e.cfg.DatabaseURL = strings.Replace(e.cfg.DatabaseURL, "postgres@", role+"@", 1)
+	return role
+}
+
 // likeLoad inserts likes on random posts among posts, one per statement,
 // until ctx is done.
 func likeLoad(ctx context.Context, db *pgxpool.Pool, seed uint64, posts []int64) {
@@ -133,6 +165,7 @@ func sessionFailures(r *running) float64 {
 func TestLockedRowDoesNotFreezeOthers(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, appSchema, nil)
+	e.walcountRole()
 	d := e.start()
 	ctx := context.Background()
 	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 50) p"); err != nil {
@@ -208,6 +241,7 @@ func TestLockedRowDoesNotFreezeOthers(t *testing.T) {
 func TestNoDeadlockWithApp(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, appSchema, nil)
+	e.walcountRole()
 	d := e.start()
 	ctx := context.Background()
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -270,6 +304,7 @@ func TestCarriedKeyCrash(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			e := newEnvWith(t, appSchema, nil)
+			e.walcountRole()
 			fp := &failpoint.Set{}
 			d := e.start(func(o *Options) { o.Failpoints = fp })
 			ctx := context.Background()
@@ -333,8 +368,13 @@ CREATE TRIGGER posts_read_only BEFORE UPDATE ON posts FOR EACH ROW EXECUTE FUNCT
 func TestTriggerParksKey(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, readOnlySchema, nil)
-	d := e.start(func(o *Options) { o.ParkRetry = 300 * time.Millisecond })
+	role := e.walcountRole()
 	ctx := context.Background()
+	// The trigger reads the policy as the role that updates the post.
+	if _, err := e.db.Exec(ctx, "GRANT SELECT ON archive_policy TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	d := e.start(func(o *Options) { o.ParkRetry = 300 * time.Millisecond })
 	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 3), generate_series(1, 50) p"); err != nil {
 		t.Fatal(err)
 	}
@@ -386,6 +426,7 @@ func TestTriggerParksKey(t *testing.T) {
 func TestCheckConstraintParksKey(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, appSchema+`ALTER TABLE posts ADD CHECK (likes_count >= 0);`, nil)
+	e.walcountRole()
 	d := e.start(func(o *Options) { o.ParkRetry = 300 * time.Millisecond })
 	ctx := context.Background()
 	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 3), generate_series(1, 50) p"); err != nil {
@@ -427,6 +468,7 @@ func TestCheckConstraintParksKey(t *testing.T) {
 func TestReconcileCountsCarried(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, appSchema, nil)
+	e.walcountRole()
 	d := e.start()
 	ctx := context.Background()
 	e.waitCaughtUp(catchUp)
@@ -455,38 +497,27 @@ func TestReconcileCountsCarried(t *testing.T) {
 	}
 }
 
-// TestRoleTimeoutsDoNotWedge: the database's role sets lock_timeout,
-// statement_timeout and idle_in_transaction_session_timeout to 1 ms, and
-// a trigger makes every update of a post take 10 ms. walcount sets its
-// own values for its sessions and keeps every counter exact.
+// TestRoleTimeoutsDoNotWedge: walcount's role has lock_timeout,
+// statement_timeout and idle_in_transaction_session_timeout of 1 ms in the
+// database, and a trigger makes every update of a post take 10 ms.
+// walcount sets its own values for its sessions and keeps every counter
+// exact.
 func TestRoleTimeoutsDoNotWedge(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, appSchema+`
 CREATE FUNCTION posts_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
 CREATE TRIGGER posts_slow BEFORE UPDATE ON posts FOR EACH ROW EXECUTE FUNCTION posts_slow();`, nil)
+	role := e.walcountRole()
 	ctx := context.Background()
 	var db string
 	if err := e.db.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Exec(ctx, fmt.Sprintf(`ALTER ROLE CURRENT_USER IN DATABASE %[1]s SET lock_timeout = '1ms';
-ALTER ROLE CURRENT_USER IN DATABASE %[1]s SET statement_timeout = '1ms';
-ALTER ROLE CURRENT_USER IN DATABASE %[1]s SET idle_in_transaction_session_timeout = '1ms'`, pgx.Identifier{db}.Sanitize())); err != nil {
-		t.Fatal(err)
+	for _, setting := range []string{"lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout"} {
+		if _, err := e.db.Exec(ctx, fmt.Sprintf("ALTER ROLE %s IN DATABASE %s SET %s = '1ms'", role, pgx.Identifier{db}.Sanitize(), setting)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	// The test's own connections keep no limit.
-	cfg, err := pgxpool.ParseConfig(e.pg.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k := range SessionSettings {
-		cfg.ConnConfig.RuntimeParams[k] = "0"
-	}
-	e.db.Close()
-	if e.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.db.Close)
 	d := e.start()
 	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 3), generate_series(1, 50) p"); err != nil {
 		t.Fatal(err)
