@@ -68,6 +68,9 @@ const StampField = "~"
 // order.
 const MovesField = "~m"
 
+// MovesCountField counts the MovesField fields of a hash, for Len.
+const MovesCountField = "~n"
+
 // applyScript adds a batch of deltas and moves meta.lsn from prev to last,
 // atomically. A batch at or below meta.lsn was already applied and is
 // ignored (a replay); a batch that does not start at meta.lsn would leave
@@ -105,6 +108,9 @@ if nmoves > 0 then
   for d = 0, nmoves - 1 do
     mv[#mv+1] = ARGV[4+2*d]
     mv[#mv+1] = ARGV[5+2*d]
+  end
+  if redis.call('HEXISTS', KEYS[1], '~m' .. ARGV[2]) == 0 then
+    redis.call('HINCRBY', KEYS[1], '~n', 1)
   end
   redis.call('HSET', KEYS[1], '~m' .. ARGV[2], cjson.encode(mv))
 end
@@ -203,9 +209,16 @@ redis.call('HSET', KEYS[2], 'lsn', ARGV[2], 'base', ARGV[2])
 return 1
 `)
 
-// lenScript counts the buffered deltas, stamps left out.
+// lenScript counts the buffered deltas, stamps and move records (and
+// their count, field "~n") left out.
 var lenScript = redis.NewScript(`
-return redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], '~') + redis.call('HLEN', KEYS[2]) - redis.call('HEXISTS', KEYS[2], '~')
+local n = 0
+for _, k in ipairs(KEYS) do
+  local m = tonumber(redis.call('HGET', k, '~n') or '0')
+  if m > 0 then m = m + 1 end
+  n = n + redis.call('HLEN', k) - redis.call('HEXISTS', k, '~') - m
+end
+return n
 `)
 
 // Meta is the decoded meta hash.
@@ -324,6 +337,9 @@ func (b *Redis) HandOver(ctx context.Context, w LSN) (batch Batch, ok bool, err 
 	var moveFields []string
 	moveLists := map[string]string{}
 	for i := 2; i < len(res); i += 2 {
+		if res[i] == MovesCountField {
+			continue
+		}
 		if strings.HasPrefix(res[i], MovesField) {
 			moveFields = append(moveFields, res[i])
 			moveLists[res[i]] = res[i+1]
