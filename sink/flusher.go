@@ -815,7 +815,14 @@ func (f *Flusher) committedCarry(out *outcome) {
 		}
 	}
 	for field, p := range f.prior {
-		if _, still := out.applied[field]; still && !out.missed[field] && p.Parked != "" {
+		if _, ok := out.applied[field]; !ok || out.missed[field] {
+			continue
+		}
+		// A carried delta's transactions committed before it was first
+		// carried: the time since is a lower bound of their apply lag,
+		// which the freshness figures must show.
+		f.opt.Metrics.ApplyLag.Observe(max(time.Since(p.Since), 0).Seconds())
+		if p.Parked != "" {
 			f.log.Info("a parked counter key was written", zap.String("counter", p.Counter), zap.String("key", p.Key))
 		}
 	}
