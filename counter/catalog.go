@@ -142,8 +142,10 @@ type Resolved struct {
 	Scale int
 	// IntKey is true for integer target keys, which sort numerically.
 	IntKey bool
-	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]). It
-	// returns the keys (of $1) whose delta hit no row.
+	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]), to the
+	// rows it can lock at once. It returns the keys (of $1) it did not
+	// update, each with whether a row has it (present) and whether the
+	// statement locked that row (see buildSQL).
 	Flush string
 	// Reset zeroes the column (a TRUNCATE of the source).
 	Reset string
