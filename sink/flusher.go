@@ -519,6 +519,7 @@ set_config('idle_in_transaction_session_timeout', $3, true)`,
 	if err != nil {
 		return false, err
 	}
+	loaded := slices.Clone(prior) // plan changes prior's entries
 	batches, out, err := f.plan(fields, moves, prior)
 	if err != nil {
 		return false, err
@@ -541,7 +542,7 @@ set_config('idle_in_transaction_session_timeout', $3, true)`,
 		}
 		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped})
 	}
-	if err := f.carry(ctx, tx, out, len(prior) > 0); err != nil {
+	if err := f.carry(ctx, tx, out, loaded); err != nil {
 		return false, err
 	}
 	// The marker places this transaction in the stream, among the target
@@ -768,11 +769,9 @@ func (f *Flusher) park(b *attemptBatch, key string, delta int64, msg string, out
 // carry writes the keys carried after this flush, and a dirty mark for
 // each key parked for the first time (design rule 14: reconciliation
 // repairs it once it can be written).
-func (f *Flusher) carry(ctx context.Context, tx pgx.Tx, out *outcome, loaded bool) error {
-	if loaded || len(out.carry) > 0 {
-		if err := state.SaveCarried(ctx, tx, f.opt.Slot, out.carry, f.opt.ParkRetry); err != nil {
-			return err
-		}
+func (f *Flusher) carry(ctx context.Context, tx pgx.Tx, out *outcome, loaded []state.Carried) error {
+	if err := state.UpdateCarried(ctx, tx, f.opt.Slot, loaded, out.carry, f.opt.ParkRetry); err != nil {
+		return err
 	}
 	byCounter := map[string][]string{}
 	causes := map[string]string{}

@@ -53,6 +53,49 @@ func SaveCarried(ctx context.Context, q Querier, slot string, keys []Carried, re
 	if _, err := q.Exec(ctx, `DELETE FROM walcount.carried WHERE slot_name = $1`, slot); err != nil {
 		return fmt.Errorf("write carried deltas: %w", err)
 	}
+	return UpsertCarried(ctx, q, slot, keys, retry)
+}
+
+// UpdateCarried brings the slot's carried keys from was (as LoadCarried
+// read them in this transaction) to now, writing only the keys that
+// changed: a flush that carries one key among many touches its row only.
+func UpdateCarried(ctx context.Context, q Querier, slot string, was, now []Carried, retry time.Duration) error {
+	type id struct{ counter, key string }
+	old := make(map[id]Carried, len(was))
+	for _, c := range was {
+		old[id{c.Counter, c.Key}] = c
+	}
+	var changed []Carried
+	for _, c := range now {
+		k := id{c.Counter, c.Key}
+		o, ok := old[k]
+		delete(old, k)
+		if ok && o.Delta == c.Delta && o.Parked == c.Parked && c.RetryAt != nil && o.RetryAt != nil && o.RetryAt.Equal(*c.RetryAt) {
+			continue
+		}
+		if ok && c.Parked == "" && o.Parked == "" && o.Delta == c.Delta {
+			continue
+		}
+		changed = append(changed, c)
+	}
+	if len(old) > 0 || len(changed) > 0 {
+		counters, keys := make([]string, 0, len(old)+len(changed)), make([]string, 0, len(old)+len(changed))
+		for k := range old {
+			counters, keys = append(counters, k.counter), append(keys, k.key)
+		}
+		for _, c := range changed {
+			counters, keys = append(counters, c.Counter), append(keys, c.Key)
+		}
+		if _, err := q.Exec(ctx, `DELETE FROM walcount.carried c USING unnest($2::text[], $3::text[]) AS u(c, k)
+WHERE c.slot_name = $1 AND c.counter = u.c AND c.key = u.k`, slot, counters, keys); err != nil {
+			return fmt.Errorf("write carried deltas: %w", err)
+		}
+	}
+	return UpsertCarried(ctx, q, slot, changed, retry)
+}
+
+// UpsertCarried inserts keys, which the slot does not carry yet.
+func UpsertCarried(ctx context.Context, q Querier, slot string, keys []Carried, retry time.Duration) error {
 	if len(keys) == 0 {
 		return nil
 	}
