@@ -147,7 +147,9 @@ type Resolved struct {
 	// update, each with whether a row has it (present) and whether the
 	// statement locked that row (see buildSQL).
 	Flush string
-	// Reset zeroes the column (a TRUNCATE of the source).
+	// Reset zeroes the column (a TRUNCATE of the source) of the rows it
+	// can lock at once, and returns (key, column in delta units) of the
+	// rows another transaction holds.
 	Reset string
 	// Scan lists target keys after $1 (text, NULL for the start) in key
 	// order, at most $2 of them.

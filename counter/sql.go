@@ -35,7 +35,6 @@ l AS (SELECT t.%[6]s AS id FROM %[2]s AS t WHERE t.%[6]s IN (SELECT d.id FROM d)
 hit AS (UPDATE %[2]s AS t SET %[3]s = t.%[4]s + %[5]s FROM d WHERE t.%[6]s = d.id AND t.%[6]s IN (SELECT l.id FROM l) RETURNING d.k)
 SELECT d.k, EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[6]s = d.id), d.id IN (SELECT l.id FROM l)
 FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, col, deltaExpr(r.Scale), tkeyID)
-	r.Reset = fmt.Sprintf(`UPDATE %s SET %s = 0 WHERE %s IS DISTINCT FROM 0`, tgt.Ident(), col, col)
 
 	value := "count(*)"
 	if c.Sum != "" {
@@ -94,6 +93,15 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t%s WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
 		tkeyID, cached, tgt.Ident(), carried(2), tkeyID, tkey.Full)
 	r.Total = fmt.Sprintf(`SELECT count(*) FROM %s`, tgt.Ident())
+	// The TRUNCATE reset (design rule 10) never waits for a row lock
+	// either: it zeroes the rows it can lock at once and returns, for each
+	// row another transaction holds, its key and its column in delta units
+	// (as the statement's snapshot saw it: only walcount writes the column),
+	// whose opposite the flush carries.
+	r.Reset = fmt.Sprintf(`WITH l AS (SELECT t.%[1]s AS k FROM %[2]s AS t WHERE t.%[3]s IS DISTINCT FROM 0 FOR NO KEY UPDATE OF t SKIP LOCKED),
+u AS (UPDATE %[2]s AS t SET %[3]s = 0 WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
+SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0 AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
+		tkeyID, tgt.Ident(), col, scaled("t."+col))
 	r.buildSurvey(src, tgt, key, tkey, scaled(value), cached, carried(3+len(r.FilterArgs)), filterAfter(2))
 	return nil
 }

@@ -510,8 +510,27 @@ set_config('idle_in_transaction_session_timeout', $3, true)`,
 			return false, err
 		}
 	}
+	var held []state.Carried
 	for _, t := range resets {
-		if _, err := tx.Exec(ctx, t.Reset); err != nil {
+		rows, err := tx.Query(ctx, t.Reset)
+		if err != nil {
+			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
+		}
+		// A row another transaction holds keeps its column: its reset is
+		// carried, as the delta that takes the column to 0.
+		err = func() error {
+			defer rows.Close()
+			for rows.Next() {
+				c := state.Carried{Counter: t.Counter.Name, Due: true}
+				if err := rows.Scan(&c.Key, &c.Delta); err != nil {
+					return err
+				}
+				c.Delta = -c.Delta
+				held = append(held, c)
+			}
+			return rows.Err()
+		}()
+		if err != nil {
 			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
 		}
 	}
@@ -520,6 +539,7 @@ set_config('idle_in_transaction_session_timeout', $3, true)`,
 		return false, err
 	}
 	loaded := slices.Clone(prior) // plan changes prior's entries
+	prior = append(prior, held...)
 	batches, out, err := f.plan(fields, moves, prior)
 	if err != nil {
 		return false, err

@@ -601,3 +601,46 @@ func TestCheckAtAdoption(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTruncateWhileRowHeld: a TRUNCATE of likes while the app holds one
+// post's row. Before, the barrier's reset waited for that row holding the
+// locks of every other post it had reset, and failed at lock_timeout,
+// again and again until the row was free. Now it resets the rows it can
+// lock and carries the reset of the held one (minus its column) to the
+// next flush.
+func TestTruncateWhileRowHeld(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, appSchema, nil)
+	e.walcountRole()
+	d := e.start()
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 3), generate_series(1, 50) p"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCaughtUp(catchUp)
+	holder := e.holdRow(1, "FOR UPDATE")
+	e.inTransaction(
+		"INSERT INTO likes (post_id) VALUES (1), (2)",
+		"TRUNCATE likes",
+		"INSERT INTO likes (post_id) VALUES (1), (1), (3), (3)",
+	)
+	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 2), generate_series(1, 50) p"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertExactBut(1)
+	if c := carriedKey(e.carried(), "1"); c == nil || c.Delta != -3+2+2 {
+		t.Errorf("post 1 carried as %+v, want the reset of its 3 likes and its 4 new ones (+1)", c)
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitNoCarried()
+	e.assertExact()
+	if n := sessionFailures(d); n != 0 {
+		t.Errorf("%v failed sessions (last error: %v)", n, d.d.Status(ctx).LastError)
+	}
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
