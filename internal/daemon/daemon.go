@@ -46,15 +46,8 @@ var (
 )
 
 // SessionSettings are the settings of every connection of the daemon's
-// pool: no statement or lock wait is cut short by a setting of the
-// database or the role (reconciliation's surveys take seconds), and a
-// transaction left idle, which could hold row locks the app waits for,
-// ends after a minute.
-var SessionSettings = map[string]string{
-	"lock_timeout":                        "0",
-	"statement_timeout":                   "0",
-	"idle_in_transaction_session_timeout": "60s",
-}
+// pool (config.PostgresSessionSettings).
+var SessionSettings = config.PostgresSessionSettings
 
 // Options configure a Daemon.
 type Options struct {

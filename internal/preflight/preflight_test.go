@@ -710,3 +710,38 @@ CREATE TRIGGER posts_title AFTER UPDATE OF title ON posts FOR EACH ROW EXECUTE F
 	g := newFixture(t, goodSchema)
 	none(t, run(t, g.cfg), preflight.CheckTargetRules, preflight.Warning)
 }
+
+// TestRoleTimeouts: lock_timeout, statement_timeout and
+// idle_in_transaction_session_timeout of 1 ms on walcount's role in the
+// database neither fail the checks (walcount run makes them first) nor
+// go unreported: walcount sets its own for its sessions.
+func TestRoleTimeouts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, goodSchema)
+	f.setUp(t)
+	role := fmt.Sprintf("preflight_to_%d_%d", os.Getpid(), slotSeq.Add(1))
+	f.exec(t, "CREATE ROLE "+role+" LOGIN REPLICATION")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = f.conn.Exec(ctx, "DROP OWNED BY "+role)
+		_, _ = f.conn.Exec(ctx, "DROP ROLE "+role)
+	})
+	f.exec(t, "GRANT SELECT ON likes TO "+role)
+	f.exec(t, "GRANT SELECT (id, likes_count), UPDATE (likes_count) ON posts TO "+role)
+	f.exec(t, state.AccessGrants(role))
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := pgx.Identifier{strings.TrimPrefix(u.Path, "/")}.Sanitize()
+	for _, s := range []string{"lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout"} {
+		f.exec(t, fmt.Sprintf("ALTER ROLE %s IN DATABASE %s SET %s = '1ms'", role, db, s))
+	}
+	u.User = url.User(role)
+	cfg := f.cfg
+	cfg.DatabaseURL = u.String()
+	findings := run(t, cfg)
+	if preflight.HasProblems(findings) {
+		t.Error("the role's timeouts made checks fail")
+	}
+}
