@@ -14,6 +14,10 @@
 //     and a probe that times commit → likes_count visible.
 //  4. Write amplification: UPDATEs on posts per 100k likes.
 //  5. Daemon cost: walcount's CPU seconds and peak RSS per million likes.
+//  8. The app's side: latency of the app's own single-row updates of the
+//     target rows, and the deadlocks returned to an app updating two hot
+//     posts, without and with walcount, while one row is held by a long
+//     transaction.
 //
 // Every cluster is fresh (a slot changes the write path) and lives on
 // disk, with fsync on and synchronous_commit=on.
@@ -125,7 +129,7 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -146,13 +150,13 @@ func run() int {
 		b.rounds, b.warmup, b.measure, b.backlog = quickRounds, quickWarmup, quickMeasure, quickBacklog
 		b.freshWarmup, b.freshMeasure = quickFreshWarmup, quickFreshMeasure
 	}
-	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true}
+	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true}
 	if only != "" {
 		sections = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh or reconcile)\n", s)
+			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile or app)\n", s)
 				return 2
 			}
 			sections[s] = true
@@ -186,12 +190,12 @@ func run() int {
 	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
 	if only != "" {
 		var names []string
-		for _, s := range []string{"write", "drain", "fresh", "reconcile"} {
+		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app"} {
 			if sections[s] {
 				names = append(names, s)
 			}
 		}
-		if len(names) < 4 {
+		if len(names) < 5 {
 			r.only = strings.Join(names, "+")
 		}
 	}
@@ -236,6 +240,12 @@ func run() int {
 			// The figures so far go into the report, which says why
 			// the section failed; the run fails.
 			r.reconcileErr = err
+		}
+	}
+	if sections["app"] {
+		b.logf("8. the app's side, one row held")
+		if r.app, err = runAppSide(ctx, b); err != nil {
+			return fail(err)
 		}
 	}
 	r.elapsed = time.Since(r.started)

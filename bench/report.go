@@ -28,6 +28,8 @@ type results struct {
 	// reconcile is section 7; reconcileErr says why it failed.
 	reconcile    *reconcileResult
 	reconcileErr error
+	// app is section 8, without walcount and with it.
+	app []appSideResult
 	// busy describes the load average and CPU steal during the run.
 	busy string
 	rev  string // the walcount revision measured
@@ -115,6 +117,9 @@ func (r *results) markdown() string {
 	r.readerSection(&b)
 	if r.reconcile != nil {
 		r.reconcileSection(&b)
+	}
+	if len(r.app) > 0 {
+		r.appSection(&b)
 	}
 	r.targetsSection(&b)
 	return b.String()

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,6 +62,15 @@ func ParseLSN(s string) (LSN, error) {
 // cannot start with '~', so no delta field collides with it.
 const StampField = "~"
 
+// MovesField prefixes the fields of the buffer and flushing hashes that
+// record the lifecycle moves of one Apply: "~m<last>", last being the
+// batch's last LSN in FormatLSN form, so that the fields sort in stream
+// order.
+const MovesField = "~m"
+
+// MovesCountField counts the MovesField fields of a hash, for Len.
+const MovesCountField = "~n"
+
 // applyScript adds a batch of deltas and moves meta.lsn from prev to last,
 // atomically. A batch at or below meta.lsn was already applied and is
 // ignored (a replay); a batch that does not start at meta.lsn would leave
@@ -69,7 +80,10 @@ const StampField = "~"
 // Before the batch's deltas, the script runs its directives on what the
 // buffer holds: a pair (field, "") drops the field, a pair (field, other)
 // moves the field's delta to other. The aggregator uses them for a target
-// row that was deleted or changed its key (design rule 17).
+// row that was deleted or changed its key (design rule 17). The script
+// also records them, in order, in the field MovesField+last (a JSON array
+// of field, to pairs), so that the flush that hands the buffer over runs
+// them on the deltas it carried from earlier flushes (design rule 2).
 //
 // KEYS: buffer, meta. ARGV: prev, last, n, n directive pairs, then
 // field/delta pairs.
@@ -88,7 +102,19 @@ if m[1] ~= start then
   end
 end
 local i = 4
-for d = 1, tonumber(ARGV[3]) do
+local nmoves = tonumber(ARGV[3])
+if nmoves > 0 then
+  local mv = {}
+  for d = 0, nmoves - 1 do
+    mv[#mv+1] = ARGV[4+2*d]
+    mv[#mv+1] = ARGV[5+2*d]
+  end
+  if redis.call('HEXISTS', KEYS[1], '~m' .. ARGV[2]) == 0 then
+    redis.call('HINCRBY', KEYS[1], '~n', 1)
+  end
+  redis.call('HSET', KEYS[1], '~m' .. ARGV[2], cjson.encode(mv))
+end
+for d = 1, nmoves do
   local v = redis.call('HGET', KEYS[1], ARGV[i])
   if v then
     redis.call('HDEL', KEYS[1], ARGV[i])
@@ -183,9 +209,16 @@ redis.call('HSET', KEYS[2], 'lsn', ARGV[2], 'base', ARGV[2])
 return 1
 `)
 
-// lenScript counts the buffered deltas, stamps left out.
+// lenScript counts the buffered deltas, stamps and move records (and
+// their count, field "~n") left out.
 var lenScript = redis.NewScript(`
-return redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], '~') + redis.call('HLEN', KEYS[2]) - redis.call('HEXISTS', KEYS[2], '~')
+local n = 0
+for _, k in ipairs(KEYS) do
+  local m = tonumber(redis.call('HGET', k, '~n') or '0')
+  if m > 0 then m = m + 1 end
+  n = n + redis.call('HLEN', k) - redis.call('HEXISTS', k, '~') - m
+end
+return n
 `)
 
 // Meta is the decoded meta hash.
@@ -211,10 +244,13 @@ type Meta struct {
 }
 
 // Batch is a flush handed over: the deltas of the transactions in
-// (From, Upto], field → delta.
+// (From, Upto], field → delta, and the lifecycle moves of those
+// transactions in stream order (already run on Deltas; the flusher runs
+// them on what it carried from earlier flushes).
 type Batch struct {
 	From, Upto LSN
 	Deltas     map[string]int64
+	Moves      []counter.Move
 }
 
 // Redis is walcount's buffer for one slot, kept in Redis. It is safe for
@@ -299,12 +335,32 @@ func (b *Redis) HandOver(ctx context.Context, w LSN) (batch Batch, ok bool, err 
 		return Batch{}, false, err
 	}
 	batch.Deltas = make(map[string]int64, len(res)/2-1)
+	var moveFields []string
+	moveLists := map[string]string{}
 	for i := 2; i < len(res); i += 2 {
+		if res[i] == MovesCountField {
+			continue
+		}
+		if strings.HasPrefix(res[i], MovesField) {
+			moveFields = append(moveFields, res[i])
+			moveLists[res[i]] = res[i+1]
+			continue
+		}
 		n, err := strconv.ParseInt(res[i+1], 10, 64)
 		if err != nil {
 			return Batch{}, false, fmt.Errorf("hand over redis buffer: field %q: %w", res[i], err)
 		}
 		batch.Deltas[res[i]] = n
+	}
+	slices.Sort(moveFields)
+	for _, f := range moveFields {
+		var pairs []string
+		if err := json.Unmarshal([]byte(moveLists[f]), &pairs); err != nil || len(pairs)%2 != 0 {
+			return Batch{}, false, fmt.Errorf("hand over redis buffer: moves %q: malformed %q", f, moveLists[f])
+		}
+		for j := 0; j < len(pairs); j += 2 {
+			batch.Moves = append(batch.Moves, counter.Move{Field: pairs[j], To: pairs[j+1]})
+		}
 	}
 	return batch, true, nil
 }

@@ -199,6 +199,10 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	}
 	pcfg.RuntimeParams["replication"] = "database"
 	pcfg.RuntimeParams["application_name"] = "walcount"
+	// A statement_timeout or lock_timeout of the database or the role
+	// must not cut the replication commands short.
+	pcfg.RuntimeParams["statement_timeout"] = "0"
+	pcfg.RuntimeParams["lock_timeout"] = "0"
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect for replication: %w", err)

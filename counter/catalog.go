@@ -142,10 +142,14 @@ type Resolved struct {
 	Scale int
 	// IntKey is true for integer target keys, which sort numerically.
 	IntKey bool
-	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]). It
-	// returns the keys (of $1) whose delta hit no row.
+	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]), to the
+	// rows it can lock at once. It returns the keys (of $1) it did not
+	// update, each with whether a row has it (present) and whether the
+	// statement locked that row (see buildSQL).
 	Flush string
-	// Reset zeroes the column (a TRUNCATE of the source).
+	// Reset zeroes the column (a TRUNCATE of the source) of the rows it
+	// can lock at once, and returns (key, column in delta units) of the
+	// rows another transaction holds.
 	Reset string
 	// Scan lists target keys after $1 (text, NULL for the start) in key
 	// order, at most $2 of them.
@@ -154,12 +158,14 @@ type Resolved struct {
 	// FilterArgs bound after $1.
 	Truth      string
 	FilterArgs []any
-	// Column returns (key, cached value) for the keys in $1 (text[]).
+	// Column returns (key, cached value) for the keys in $1 (text[]) of
+	// the slot $2: the column plus the delta walcount.carried holds for
+	// the key.
 	Column string
 	// Total counts the target rows.
 	Total string
 	// The survey of a range of keys, with FilterArgs bound after $1 and
-	// $2 (see buildSurvey).
+	// $2 and the slot after them (see buildSurvey).
 	SurveyIntKeys                                        bool
 	SurveyFirst, SurveyNext, SurveyBounds, SurveyCompare string
 }

@@ -71,9 +71,20 @@ CREATE TABLE likes (post_id `+tc.keyType+`)`)
 			if err != nil {
 				t.Fatalf("update: %v", err)
 			}
-			missed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			type notHit struct {
+				Key             string
+				Present, Locked bool
+			}
+			res, err := pgx.CollectRows(rows, pgx.RowToStructByPos[notHit])
 			if err != nil {
 				t.Fatalf("update: %v", err)
+			}
+			var missed []string
+			for _, n := range res {
+				if n.Present || n.Locked {
+					t.Errorf("key %q not updated, though its row exists (present %v, locked %v)", n.Key, n.Present, n.Locked)
+				}
+				missed = append(missed, n.Key)
 			}
 			if len(missed) != 1 || missed[0] != keys[3] {
 				t.Errorf("keys that hit no row = %q, want [%q]", missed, keys[3])

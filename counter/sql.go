@@ -17,16 +17,24 @@ func (r *Resolved) buildSQL(src, tgt *Table, key, tkey Column) error {
 	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
 	keyID := pgx.Identifier{c.Key}.Sanitize()
 
-	// The flush statement (design rule 2): one round trip per chunk of keys,
-	// sorted by the caller so two flushes never lock rows in opposite
-	// orders. It returns the keys whose UPDATE hit no row: only the
+	// The flush statement (design rule 2): one round trip per chunk of
+	// keys. It first locks the chunk's target rows it can lock at once, in
+	// key order (FOR NO KEY UPDATE, which a foreign key's KEY SHARE lock
+	// does not conflict with), skipping rows another transaction holds,
+	// then updates only those, so it never waits for a row lock. It
+	// returns the keys it did not update, each with whether a row has the
+	// key in its snapshot (present: its row was locked by another
+	// transaction, and its delta is carried to the next flush) and whether
+	// the statement locked it (a locked row not updated: a BEFORE UPDATE
+	// trigger skipped it). A key without a row hit none: only the
 	// statement knows, because a row deleted (or re-keyed) and inserted
-	// again while the UPDATE waited on its lock is skipped, the new row
-	// being newer than the statement's snapshot (design rule 17).
-	r.Flush = fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
-hit AS (UPDATE %s AS t SET %s = t.%s + %s FROM d WHERE t.%s = d.id RETURNING d.k)
-SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, col, deltaExpr(r.Scale), tkeyID)
-	r.Reset = fmt.Sprintf(`UPDATE %s SET %s = 0 WHERE %s IS DISTINCT FROM 0`, tgt.Ident(), col, col)
+	// again while the app held its lock is not the row the delta was
+	// counted for (design rule 17).
+	r.Flush = fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%[1]s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
+l AS (SELECT t.%[6]s AS id FROM %[2]s AS t WHERE t.%[6]s IN (SELECT d.id FROM d) ORDER BY t.%[6]s FOR NO KEY UPDATE OF t SKIP LOCKED),
+hit AS (UPDATE %[2]s AS t SET %[3]s = t.%[4]s + %[5]s FROM d WHERE t.%[6]s = d.id AND t.%[6]s IN (SELECT l.id FROM l) RETURNING d.k)
+SELECT d.k, EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[6]s = d.id), d.id IN (SELECT l.id FROM l)
+FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, col, deltaExpr(r.Scale), tkeyID)
 
 	value := "count(*)"
 	if c.Sum != "" {
@@ -74,10 +82,27 @@ SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Iden
 		tkeyID, tgt.Ident(), tkeyID, tkey.Full, tkeyID)
 	r.Truth = fmt.Sprintf(`SELECT s.%s::text, %s FROM %s s WHERE s.%s = ANY (CAST($1::text[] AS %s[]))%s GROUP BY s.%s`,
 		keyID, scaled(value), src.Ident(), keyID, key.Full, filter, keyID)
-	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
-		tkeyID, scaled("coalesce(t."+col+", 0)"), tgt.Ident(), tkeyID, tkey.Full)
+	// The cached value counts the deltas the flushes carried (design
+	// rule 2): the column and walcount.carried together hold every
+	// transaction up to W.
+	carried := func(param int) string {
+		return fmt.Sprintf(" LEFT JOIN walcount.carried wc ON wc.slot_name = $%d AND wc.counter = '%s' AND wc.key = t.%s::text",
+			param, strings.ReplaceAll(c.Name, "'", "''"), tkeyID)
+	}
+	cached := scaled("coalesce(t."+col+", 0)") + " + coalesce(wc.delta, 0)"
+	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t%s WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
+		tkeyID, cached, tgt.Ident(), carried(2), tkeyID, tkey.Full)
 	r.Total = fmt.Sprintf(`SELECT count(*) FROM %s`, tgt.Ident())
-	r.buildSurvey(src, tgt, key, tkey, scaled(value), scaled("coalesce(t."+col+", 0)"), filterAfter(2))
+	// The TRUNCATE reset (design rule 10) never waits for a row lock
+	// either: it zeroes the rows it can lock at once and returns, for each
+	// row another transaction holds, its key and its column in delta units
+	// (as the statement's snapshot saw it: only walcount writes the column),
+	// whose opposite the flush carries.
+	r.Reset = fmt.Sprintf(`WITH l AS (SELECT t.%[1]s AS k FROM %[2]s AS t WHERE t.%[3]s IS DISTINCT FROM 0 FOR NO KEY UPDATE OF t SKIP LOCKED),
+u AS (UPDATE %[2]s AS t SET %[3]s = 0 WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
+SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0 AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
+		tkeyID, tgt.Ident(), col, scaled("t."+col))
+	r.buildSurvey(src, tgt, key, tkey, scaled(value), cached, carried(3+len(r.FilterArgs)), filterAfter(2))
 	return nil
 }
 
@@ -104,7 +129,7 @@ SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Iden
 // first and last key and its size; Compare looks the range's source rows up
 // by its keys (= ANY), so that the result never depends on how two types or
 // collations order values, and returns one row per key that differs.
-func (r *Resolved) buildSurvey(src, tgt *Table, key, tkey Column, value, column, filter string) {
+func (r *Resolved) buildSurvey(src, tgt *Table, key, tkey Column, value, column, carried, filter string) {
 	keyID := pgx.Identifier{r.Counter.Key}.Sanitize()
 	tkeyID := pgx.Identifier{r.Counter.TargetKey}.Sanitize()
 	r.SurveyIntKeys = key.IntegerBase() && tkey.IntegerBase()
@@ -116,10 +141,10 @@ func (r *Resolved) buildSurvey(src, tgt *Table, key, tkey Column, value, column,
 		off := "t.v <> coalesce(s.v, 0)"
 		r.SurveyCompare = fmt.Sprintf(`SELECT count(*), max(t.k)::text,
   array_agg(t.k::text) FILTER (WHERE %[7]s), array_agg(t.v) FILTER (WHERE %[7]s), array_agg(coalesce(s.v, 0)) FILTER (WHERE %[7]s)
-FROM (SELECT t.%[1]s AS k, %[2]s AS v FROM %[3]s t WHERE t.%[1]s BETWEEN $1::bigint AND $2::bigint) t
+FROM (SELECT t.%[1]s AS k, %[2]s AS v FROM %[3]s t%[9]s WHERE t.%[1]s BETWEEN $1::bigint AND $2::bigint) t
 LEFT JOIN (SELECT s.%[4]s AS k, %[5]s AS v FROM %[6]s s
   WHERE s.%[4]s BETWEEN $1::bigint AND $2::bigint%[8]s GROUP BY s.%[4]s) s ON s.k = t.k`,
-			tkeyID, column, tgt.Ident(), keyID, value, src.Ident(), off, filter)
+			tkeyID, column, tgt.Ident(), keyID, value, src.Ident(), off, filter, carried)
 		return
 	}
 	r.SurveyBounds = fmt.Sprintf(`SELECT min(r.k)::text, max(r.k)::text, count(*) FROM (
@@ -128,12 +153,12 @@ LEFT JOIN (SELECT s.%[4]s AS k, %[5]s AS v FROM %[6]s s
   ORDER BY t.%[1]s LIMIT $2) r`, tkeyID, tgt.Ident(), tkey.Full)
 	lo, hi := fmt.Sprintf("CAST($1::text AS %s)", tkey.Full), fmt.Sprintf("CAST($2::text AS %s)", tkey.Full)
 	r.SurveyCompare = fmt.Sprintf(`WITH t AS MATERIALIZED (
-  SELECT t.%[1]s AS k, %[2]s AS v FROM %[3]s t WHERE t.%[1]s >= %[7]s AND t.%[1]s <= %[8]s)
+  SELECT t.%[1]s AS k, %[2]s AS v FROM %[3]s t%[11]s WHERE t.%[1]s >= %[7]s AND t.%[1]s <= %[8]s)
 SELECT t.k::text, t.v, coalesce(s.v, 0) FROM t LEFT JOIN (
   SELECT s.%[4]s::text AS k, %[5]s AS v FROM %[6]s s
   WHERE s.%[4]s = ANY (CAST((SELECT array_agg(t.k::text) FROM t) AS %[10]s[]))%[9]s GROUP BY s.%[4]s) s ON s.k = t.k::text
 WHERE t.v <> coalesce(s.v, 0)`,
-		tkeyID, column, tgt.Ident(), keyID, value, src.Ident(), lo, hi, filter, key.Full)
+		tkeyID, column, tgt.Ident(), keyID, value, src.Ident(), lo, hi, filter, key.Full, carried)
 }
 
 // deltaExpr is the SQL value a buffered delta adds to the column. A delta

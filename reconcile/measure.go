@@ -216,7 +216,7 @@ func (r *Reconciler) read(ctx context.Context, sql *counter.Resolved, rq *roundR
 		if err := collect(ctx, tx, sql.Truth, append([]any{rq.keys}, sql.FilterArgs...), res.truth); err != nil {
 			return fmt.Errorf("read true values: %w", err)
 		}
-		if err := collect(ctx, tx, sql.Column, []any{rq.keys}, res.column); err != nil {
+		if err := collect(ctx, tx, sql.Column, []any{rq.keys, r.opt.Slot}, res.column); err != nil {
 			return fmt.Errorf("read counter column: %w", err)
 		}
 		return nil

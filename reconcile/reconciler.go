@@ -684,7 +684,7 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 		p.size = r.opt.BatchSize
 	}
 	if run.Keys == nil {
-		p.sv = newSurvey(sql)
+		p.sv = newSurvey(sql, r.opt.Slot)
 	}
 	return p.execute(ctx)
 }

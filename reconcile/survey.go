@@ -21,19 +21,20 @@ type survey struct {
 	first, next, bounds string
 	compare             string
 	// args are bound after $1 and $2 (the range's first and last key):
-	// the where filters.
+	// the where filters, then the slot (whose carried deltas count in the
+	// column).
 	args []any
 	// sparse: the last integer range held fewer than half its width.
 	sparse bool
 }
 
-// newSurvey returns the survey of sql's counter.
-func newSurvey(sql *counter.Resolved) *survey {
+// newSurvey returns the survey of sql's counter kept by slot.
+func newSurvey(sql *counter.Resolved, slot string) *survey {
 	return &survey{
 		intKeys: sql.SurveyIntKeys,
 		first:   sql.SurveyFirst, next: sql.SurveyNext, bounds: sql.SurveyBounds,
 		compare: sql.SurveyCompare,
-		args:    sql.FilterArgs,
+		args:    append(append([]any(nil), sql.FilterArgs...), slot),
 	}
 }
 

@@ -16,12 +16,11 @@
 // "flushing" that starts at W is applied again (it was not committed), one
 // that ends at or below W is deleted (it was).
 //
-// Counter updates use one statement per chunk of keys, keys sorted so two
-// transactions never lock the same rows in opposite orders:
-//
-//	UPDATE posts AS t SET likes_count = t.likes_count + d.delta
-//	FROM (SELECT k::bigint AS id, delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)) d
-//	WHERE t.id = d.id
-//
-// See https://www.postgresql.org/docs/15/sql-update.html.
+// Counter updates use one statement per chunk of keys, keys sorted. A
+// flush never waits for a row lock: each statement locks the chunk's
+// target rows it can lock at once (FOR NO KEY UPDATE SKIP LOCKED) and
+// updates only those; the deltas of rows another transaction holds are
+// carried to the next flush in walcount.carried, written in the same
+// transaction as the compare-and-set, and so is a key whose update fails on
+// its row's data (parked, retried later). See docs/design.md, rule 2.
 package sink

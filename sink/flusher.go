@@ -7,10 +7,12 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -24,6 +26,21 @@ import (
 
 // DefaultChunkSize is how many keys one UPDATE statement carries.
 const DefaultChunkSize = 5000
+
+// Defaults of the flush's own bounds (Options).
+const (
+	// DefaultLockTimeout bounds a flush statement's wait for a table lock
+	// (row locks it never waits for: it skips them).
+	DefaultLockTimeout = 200 * time.Millisecond
+	// DefaultStatementTimeout bounds one flush statement.
+	DefaultStatementTimeout = 30 * time.Second
+	// DefaultIdleTimeout ends a flush transaction that sits idle, holding
+	// row locks, for that long (a walcount stopped in its tracks).
+	DefaultIdleTimeout = 30 * time.Second
+	// DefaultParkRetry is how long a parked key waits before a flush
+	// tries it again.
+	DefaultParkRetry = time.Minute
+)
 
 var (
 	// ErrCheckpointMoved means the checkpoint is neither W nor past the
@@ -77,6 +94,14 @@ type Options struct {
 	// FlushLog remembers what each flush applied for the aggregator;
 	// nil keeps nothing.
 	FlushLog *FlushLog
+	// LockTimeout, StatementTimeout and IdleTimeout are the flush
+	// transaction's lock_timeout, statement_timeout and
+	// idle_in_transaction_session_timeout, set in it whatever the
+	// database or the role sets; zero uses the defaults above.
+	LockTimeout, StatementTimeout, IdleTimeout time.Duration
+	// ParkRetry is how long a parked key waits before it is tried again;
+	// default DefaultParkRetry.
+	ParkRetry time.Duration
 }
 
 // Flusher applies the Redis buffer to PostgreSQL. Its methods are safe for
@@ -95,6 +120,9 @@ type Flusher struct {
 	mu        sync.Mutex
 	w         cdc.LSN
 	lastFlush time.Time
+	// prior holds, during a flush, the keys carried by earlier flushes
+	// that it tries, as they were carried (after the batch's moves).
+	prior map[string]state.Carried
 }
 
 // NewFlusher resolves the counters' targets and reads W.
@@ -104,6 +132,18 @@ func NewFlusher(ctx context.Context, opt Options) (*Flusher, error) {
 	}
 	if opt.Logger == nil {
 		opt.Logger = zap.NewNop()
+	}
+	if opt.LockTimeout <= 0 {
+		opt.LockTimeout = DefaultLockTimeout
+	}
+	if opt.StatementTimeout <= 0 {
+		opt.StatementTimeout = DefaultStatementTimeout
+	}
+	if opt.IdleTimeout <= 0 {
+		opt.IdleTimeout = DefaultIdleTimeout
+	}
+	if opt.ParkRetry <= 0 {
+		opt.ParkRetry = DefaultParkRetry
 	}
 	if opt.Metrics == nil {
 		opt.Metrics = metrics.New()
@@ -170,6 +210,13 @@ func (f *Flusher) Run(ctx context.Context, interval time.Duration) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if IsTransient(err) {
+				// A table lock the app holds, or a statement past
+				// walcount's own timeout: nothing was applied, and
+				// the next flush tries the same batch again.
+				f.log.Warn("flush gave up on a wait; trying again at the next flush", zap.Error(err))
+				continue
+			}
 			return err
 		}
 	}
@@ -209,11 +256,7 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	from, upto, fields := hb.From, hb.Upto, hb.Deltas
-	batches, err := f.group(fields)
-	if err != nil {
-		return false, err
-	}
-	applied, err := f.apply(ctx, from, upto, fields, batches, nil)
+	applied, err := f.apply(ctx, from, upto, fields, hb.Moves, nil)
 	if err != nil {
 		f.opt.Metrics.FlushErrors.Inc()
 		return false, err
@@ -325,16 +368,119 @@ func (s byKey) Less(i, j int) bool {
 	return a < b
 }
 
-// apply runs one PostgreSQL transaction: checkpoint compare-and-set from
-// W=from to upto first, then optional resets (a TRUNCATE barrier), then
-// the counter updates. It reports false, without error, when the batch
-// had already been committed.
-func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, batches []*counterBatch, resets []*counter.Resolved) (bool, error) {
+// apply runs one PostgreSQL transaction that moves the checkpoint from
+// W=from to upto and applies the batch (design rule 2): checkpoint
+// compare-and-set first, then optional resets (a TRUNCATE barrier), then
+// the deltas carried from earlier flushes, with the batch's lifecycle
+// moves run on them, merged with the batch's, then the counter updates,
+// chunk by chunk, each locking only the rows it can lock at once; what it
+// could not lock, or not write, is carried in walcount.carried, written
+// in the same transaction. It reports false, without error, when the
+// batch had already been committed.
+//
+// A data error on a row (SQLSTATE classes 22, 23, P0, or 42501) aborts
+// the transaction; apply then runs it again with that chunk in a
+// savepoint, split in halves until the keys that fail are alone, and
+// parks those. Only the chunks that failed get savepoints: every
+// subtransaction that writes takes an XID, and more than 64 of them in
+// one transaction would slow every snapshot of the database.
+func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move, resets []*counter.Resolved) (bool, error) {
+	suspects := map[string]bool{}
+	for {
+		applied, err := f.applyOnce(ctx, from, upto, fields, moves, resets, suspects)
+		var de *dataError
+		if errors.As(err, &de) && !suspects[de.chunk] {
+			f.log.Warn("a flush chunk failed on a row's data; applying it again key by key to isolate the row",
+				zap.String("counter", de.counter), zap.String("chunk", de.chunk), zap.Error(de.err))
+			suspects[de.chunk] = true
+			continue
+		}
+		return applied, err
+	}
+}
+
+// dataError is a chunk's statement failing on a row's data.
+type dataError struct {
+	counter, chunk string
+	err            error
+}
+
+func (e *dataError) Error() string {
+	return fmt.Sprintf("update counter %s (chunk %s): %v", e.counter, e.chunk, e.err)
+}
+func (e *dataError) Unwrap() error { return e.err }
+
+// isDataError reports whether err is an error of one row's data or
+// privileges, which parks the row's key instead of failing the flush:
+// SQLSTATE classes 22 (data exception), 23 (integrity constraint
+// violation: a CHECK), P0 (PL/pgSQL: a trigger that raises) and 42501
+// (insufficient privilege: a row-level security policy's WITH CHECK).
+func isDataError(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "P0") || pe.Code == "42501"
+}
+
+// IsTransient reports whether a flush failed on a wait walcount bounds
+// itself (lock_timeout on a table lock, statement_timeout): nothing was
+// applied, and the next flush tries again.
+func IsTransient(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "57014")
+}
+
+// outcome is what one flush transaction did with its keys.
+type outcome struct {
+	// applied holds the deltas the flush applied, and those it dropped
+	// for want of a row (missed): the flush log needs both (package
+	// aggregator follows them when the flush crossed a lifecycle event).
+	applied map[string]int64
+	missed  map[string]bool
+	carry   []state.Carried // deferred and parked keys, after the flush
+	// parked are the keys parked by this flush, newly is true for those
+	// not parked before (they get a dirty mark and a loud log).
+	parked []parkedKey
+	// counts are the keys applied and dropped per counter, for the
+	// metrics once the flush committed.
+	counts []counted
+}
+
+type counted struct {
+	counter          string
+	flushed, dropped int64
+}
+
+type parkedKey struct {
+	counter, key string
+	delta        int64
+	err          string
+	newly        bool
+}
+
+// attemptBatch is a counterBatch with what the keys were carried as.
+type attemptBatch struct {
+	*counterBatch
+	// careful: every chunk in a savepoint (parked keys tried again).
+	careful bool
+}
+
+func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move,
+	resets []*counter.Resolved, suspects map[string]bool) (bool, error) {
 	tx, err := f.opt.Pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("begin flush: %w", err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	// walcount's own bounds, whatever the database or the role set: a
+	// flush waits for no row lock (it skips them), for a table lock at
+	// most lock_timeout, and never sits idle holding row locks.
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
+set_config('idle_in_transaction_session_timeout', $3, true)`,
+		ms(f.opt.LockTimeout), ms(f.opt.StatementTimeout), ms(f.opt.IdleTimeout)); err != nil {
+		return false, fmt.Errorf("begin flush: set timeouts: %w", err)
+	}
 	moved, err := state.CompareAndSet(ctx, tx, f.opt.Slot, from, upto)
 	if err != nil {
 		return false, err
@@ -353,41 +499,71 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 		f.log.Info("batch was already applied; skipping it", zap.String("upto", upto.String()), zap.String("checkpoint", w.String()))
 		return false, nil
 	}
+	if len(resets) > 0 {
+		names := make([]string, len(resets))
+		for i, t := range resets {
+			names[i] = t.Counter.Name
+		}
+		// The carried deltas of a truncated counter are of rows counted
+		// before the TRUNCATE.
+		if err := state.DropCarried(ctx, tx, f.opt.Slot, names); err != nil {
+			return false, err
+		}
+	}
+	var held []state.Carried
 	for _, t := range resets {
-		if _, err := tx.Exec(ctx, t.Reset); err != nil {
+		rows, err := tx.Query(ctx, t.Reset)
+		if err != nil {
+			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
+		}
+		// A row another transaction holds keeps its column: its reset is
+		// carried, as the delta that takes the column to 0.
+		err = func() error {
+			defer rows.Close()
+			for rows.Next() {
+				c := state.Carried{Counter: t.Counter.Name, Due: true}
+				if err := rows.Scan(&c.Key, &c.Delta); err != nil {
+					return err
+				}
+				c.Delta = -c.Delta
+				held = append(held, c)
+			}
+			return rows.Err()
+		}()
+		if err != nil {
 			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
 		}
 	}
-	var missed map[string]bool
+	prior, err := state.LoadCarried(ctx, tx, f.opt.Slot)
+	if err != nil {
+		return false, err
+	}
+	loaded := slices.Clone(prior) // plan changes prior's entries
+	prior = append(prior, held...)
+	batches, out, err := f.plan(fields, moves, prior)
+	if err != nil {
+		return false, err
+	}
 	for _, b := range batches {
 		var flushed, dropped int64
 		for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
 			hi := min(lo+f.opt.ChunkSize, len(b.keys))
-			rows, err := tx.Query(ctx, b.t.Flush, b.keys[lo:hi], b.deltas[lo:hi])
+			chunk := fmt.Sprintf("%s/%d", b.t.Counter.Name, lo)
+			if b.careful {
+				chunk += "/retry"
+			}
+			careful := b.careful || suspects[chunk]
+			n, d, err := f.chunk(ctx, tx, b, b.keys[lo:hi], b.deltas[lo:hi], careful, chunk, out)
 			if err != nil {
-				return false, fmt.Errorf("update counter %s: %w", b.t.Counter.Name, err)
+				return false, err
 			}
-			keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return false, fmt.Errorf("update counter %s: %w", b.t.Counter.Name, err)
-			}
-			flushed += int64(hi - lo)
-			dropped += int64(len(keys))
-			for _, k := range keys {
-				if missed == nil {
-					missed = map[string]bool{}
-				}
-				missed[counter.Field(b.t.Counter.Name, k)] = true
-			}
+			flushed += n
+			dropped += d
 		}
-		f.opt.Metrics.DeltasFlushed.WithLabelValues(b.t.Counter.Name).Add(float64(flushed - dropped))
-		f.opt.Tally.Add(b.t.Counter.Name, counter.TallyFlushed, flushed-dropped)
-		if dropped > 0 {
-			// The target rows went away; the Rails buffer pattern drops
-			// these deltas too.
-			f.opt.Metrics.DeltasDropped.WithLabelValues(b.t.Counter.Name).Add(float64(dropped))
-			f.opt.Tally.Add(b.t.Counter.Name, counter.TallyDropped, dropped)
-		}
+		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped})
+	}
+	if err := f.carry(ctx, tx, out, loaded); err != nil {
+		return false, err
 	}
 	// The marker places this transaction in the stream, among the target
 	// rows' lifecycle events (see package aggregator); the log holds what
@@ -398,7 +574,7 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 		if err := cdc.PostMessage(ctx, tx, cdc.FlushMarker(f.opt.Slot, upto)); err != nil {
 			return false, fmt.Errorf("flush marker: %w", err)
 		}
-		f.opt.FlushLog.add(upto, fields, missed)
+		f.opt.FlushLog.add(upto, out.applied, out.missed)
 	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		f.opt.FlushLog.drop(upto)
@@ -409,7 +585,266 @@ func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[stri
 		// the record, which costs nothing if the flush did not commit.
 		return false, fmt.Errorf("commit flush: %w", err)
 	}
+	f.committedCarry(out)
 	return true, nil
+}
+
+// ms renders a duration as a PostgreSQL setting in milliseconds.
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
+
+// plan merges what earlier flushes carried into the batch: the batch's
+// lifecycle moves run first on the carried deltas (they are of rows as
+// they were at W), then a parked key not due yet keeps the batch's delta
+// for it, and every other key is tried. Parked keys that are due are
+// tried in batches of their own, chunk by chunk in savepoints.
+func (f *Flusher) plan(fields map[string]int64, moves []counter.Move, prior []state.Carried) ([]*attemptBatch, *outcome, error) {
+	out := &outcome{applied: map[string]int64{}}
+	carried := make(map[string]*state.Carried, len(prior))
+	for i := range prior {
+		c := &prior[i]
+		carried[counter.Field(c.Counter, c.Key)] = c
+	}
+	for _, m := range moves {
+		c := carried[m.Field]
+		if c == nil {
+			continue
+		}
+		delete(carried, m.Field)
+		if m.To == "" {
+			continue // the row was deleted: its deltas go with it
+		}
+		name, key, ok := counter.SplitField(m.To)
+		if !ok {
+			return nil, nil, fmt.Errorf("carry deltas: malformed move to %q", m.To)
+		}
+		if to := carried[m.To]; to != nil {
+			to.Delta += c.Delta
+			if c.Since.Before(to.Since) {
+				to.Since = c.Since
+			}
+			continue
+		}
+		c.Counter, c.Key = name, key
+		carried[m.To] = c
+	}
+	normal := make(map[string]int64, len(fields)+len(carried))
+	retry := map[string]int64{}
+	for field, n := range fields {
+		if n != 0 {
+			normal[field] = n
+		}
+	}
+	f.prior = make(map[string]state.Carried, len(carried))
+	for field, c := range carried {
+		if c.Parked != "" && !c.Due {
+			c.Delta += normal[field]
+			delete(normal, field)
+			if c.Delta != 0 {
+				out.carry = append(out.carry, *c)
+			}
+			continue
+		}
+		f.prior[field] = *c
+		if c.Parked != "" {
+			retry[field] = c.Delta + normal[field]
+			delete(normal, field)
+			if retry[field] == 0 {
+				delete(retry, field)
+			}
+			continue
+		}
+		if normal[field] += c.Delta; normal[field] == 0 {
+			delete(normal, field)
+		}
+	}
+	var batches []*attemptBatch
+	for _, set := range []struct {
+		fields  map[string]int64
+		careful bool
+	}{{normal, false}, {retry, true}} {
+		bs, err := f.group(set.fields)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, b := range bs {
+			batches = append(batches, &attemptBatch{counterBatch: b, careful: set.careful})
+		}
+	}
+	return batches, out, nil
+}
+
+// chunk runs the flush statement on one chunk of keys and sorts its keys
+// into out: applied, without a row (missed), deferred (their row is
+// locked by another transaction) or parked. In careful mode the chunk runs
+// in a savepoint, and a data error splits it in halves until the failing
+// keys are alone; outside it, a data error fails the transaction with a
+// *dataError naming the chunk. It returns the keys applied and dropped.
+func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []string, deltas []int64, careful bool, id string, out *outcome) (flushed, dropped int64, err error) {
+	name := b.t.Counter.Name
+	if careful {
+		if _, err := tx.Exec(ctx, "SAVEPOINT walcount_chunk"); err != nil {
+			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
+		}
+	}
+	type notHit struct {
+		key             string
+		present, locked bool
+	}
+	rows, err := tx.Query(ctx, b.t.Flush, keys, deltas)
+	var res []notHit
+	if err == nil {
+		res, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (notHit, error) {
+			var n notHit
+			err := row.Scan(&n.key, &n.present, &n.locked)
+			return n, err
+		})
+	}
+	if err != nil {
+		if !isDataError(err) {
+			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
+		}
+		if !careful {
+			return 0, 0, &dataError{counter: name, chunk: id, err: err}
+		}
+		for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
+			if _, rerr := tx.Exec(ctx, q); rerr != nil {
+				return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", name, rerr, err)
+			}
+		}
+		if len(keys) == 1 {
+			f.park(b, keys[0], deltas[0], errorText(err), out)
+			return 0, 0, nil
+		}
+		mid := len(keys) / 2
+		n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], true, id, out)
+		if err != nil {
+			return 0, 0, err
+		}
+		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], true, id, out)
+		return n1 + n2, d1 + d2, err
+	}
+	if careful {
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT walcount_chunk"); err != nil {
+			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
+		}
+	}
+	skipped := make(map[string]notHit, len(res))
+	for _, n := range res {
+		skipped[n.key] = n
+	}
+	for i, k := range keys {
+		field := counter.Field(name, k)
+		n, ok := skipped[k]
+		switch {
+		case !ok:
+			out.applied[field] = deltas[i]
+			flushed++
+		case n.locked:
+			// Locked by this statement and not updated: a BEFORE UPDATE
+			// trigger returned NULL for the row.
+			f.park(b, k, deltas[i], "the row's UPDATE was skipped (a BEFORE UPDATE trigger returned NULL)", out)
+		case n.present:
+			// Another transaction holds the row: carried to the next
+			// flush.
+			c := state.Carried{Counter: name, Key: k, Delta: deltas[i]}
+			if p, ok := f.prior[field]; ok {
+				c.Since = p.Since
+			}
+			out.carry = append(out.carry, c)
+		default:
+			if out.missed == nil {
+				out.missed = map[string]bool{}
+			}
+			out.missed[field] = true
+			out.applied[field] = deltas[i]
+			dropped++
+		}
+	}
+	return flushed, dropped, nil
+}
+
+// errorText is a data error as a parked key records it.
+func errorText(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
+	}
+	return err.Error()
+}
+
+// park keeps a key whose UPDATE failed on its row's data in
+// walcount.carried, to be tried again after ParkRetry.
+func (f *Flusher) park(b *attemptBatch, key string, delta int64, msg string, out *outcome) {
+	name := b.t.Counter.Name
+	field := counter.Field(name, key)
+	c := state.Carried{Counter: name, Key: key, Delta: delta, Parked: msg}
+	p, was := f.prior[field]
+	if was {
+		c.Since = p.Since
+	}
+	out.carry = append(out.carry, c)
+	out.parked = append(out.parked, parkedKey{counter: name, key: key, delta: delta, err: msg, newly: !was || p.Parked == ""})
+}
+
+// carry writes the keys carried after this flush, and a dirty mark for
+// each key parked for the first time (design rule 14: reconciliation
+// repairs it once it can be written).
+func (f *Flusher) carry(ctx context.Context, tx pgx.Tx, out *outcome, loaded []state.Carried) error {
+	if err := state.UpdateCarried(ctx, tx, f.opt.Slot, loaded, out.carry, f.opt.ParkRetry); err != nil {
+		return err
+	}
+	byCounter := map[string][]string{}
+	causes := map[string]string{}
+	for _, p := range out.parked {
+		if p.newly {
+			byCounter[p.counter] = append(byCounter[p.counter], p.key)
+			causes[p.counter] = p.err
+		}
+	}
+	for name, keys := range byCounter {
+		cause := "a flush could not write the key: " + causes[name]
+		if err := state.MarkDirty(ctx, tx, f.opt.Slot, name, keys, cause); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// committedCarry counts what a committed flush applied and logs what it
+// parked.
+func (f *Flusher) committedCarry(out *outcome) {
+	for _, c := range out.counts {
+		f.opt.Metrics.DeltasFlushed.WithLabelValues(c.counter).Add(float64(c.flushed))
+		f.opt.Tally.Add(c.counter, counter.TallyFlushed, c.flushed)
+		if c.dropped > 0 {
+			// The target rows went away; the Rails buffer pattern drops
+			// these deltas too.
+			f.opt.Metrics.DeltasDropped.WithLabelValues(c.counter).Add(float64(c.dropped))
+			f.opt.Tally.Add(c.counter, counter.TallyDropped, c.dropped)
+		}
+	}
+	for _, p := range out.parked {
+		if p.newly {
+			f.log.Error("a counter key cannot be written and is parked: the other keys go on; it is retried every "+f.opt.ParkRetry.String()+
+				" and repaired by reconciliation once it can be written",
+				zap.String("counter", p.counter), zap.String("key", p.key), zap.Int64("delta", p.delta), zap.String("error", p.err))
+		} else {
+			f.log.Warn("a parked counter key still cannot be written",
+				zap.String("counter", p.counter), zap.String("key", p.key), zap.Int64("delta", p.delta), zap.String("error", p.err))
+		}
+	}
+	for field, p := range f.prior {
+		if _, ok := out.applied[field]; !ok || out.missed[field] {
+			continue
+		}
+		// A carried delta's transactions committed before it was first
+		// carried: the time since is a lower bound of their apply lag,
+		// which the freshness figures must show.
+		f.opt.Metrics.ApplyLag.Observe(max(time.Since(p.Since), 0).Seconds())
+		if p.Parked != "" {
+			f.log.Info("a parked counter key was written", zap.String("counter", p.Counter), zap.String("key", p.Key))
+		}
+	}
 }
 
 // Barrier applies a TRUNCATE: everything buffered before it is flushed,
@@ -432,12 +867,8 @@ func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, delt
 	for _, d := range deltas {
 		fields[d.Field] += d.N
 	}
-	batches, err := f.group(fields)
-	if err != nil {
-		return err
-	}
 	from := f.w
-	if _, err := f.apply(ctx, from, end, fields, batches, resets); err != nil {
+	if _, err := f.apply(ctx, from, end, fields, nil, resets); err != nil {
 		return err
 	}
 	if err := f.opt.Buffer.Advance(ctx, from, end); err != nil {

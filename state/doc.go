@@ -6,8 +6,10 @@
 // of the last source transaction whose deltas are in the counter columns.
 // A flush moves W with a compare-and-set in the same transaction that
 // applies its deltas (CompareAndSet), so a second flusher, a retried flush
-// or a replayed batch matches no row and applies nothing. The other tables
-// keep reconciliation runs and the counters already backfilled.
+// or a replayed batch matches no row and applies nothing; walcount.carried,
+// written in the same transaction, holds the deltas a flush carried to the
+// next (LoadCarried, UpdateCarried). The other tables keep reconciliation
+// runs and the counters already backfilled.
 //
 // The schema is created and migrated forward by `walcount setup`
 // (Migrate), from SQL files embedded in the binary; a version row records

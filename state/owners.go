@@ -95,12 +95,13 @@ WHERE walcount.owners.slot_name = excluded.slot_name`, slot, tables, columns, na
 }
 
 // Release forgets everything walcount keeps for slot: its checkpoint, runs,
-// backfills, dirty marks and column ownership. It returns how many slots
+// backfills, dirty marks, carried deltas and column ownership. It returns how many slots
 // still have a checkpoint, and whether one of them reads publication.
 func Release(ctx context.Context, q Querier, slot, publication string) (others int, pubShared bool, err error) {
 	for _, stmt := range []string{
 		`DELETE FROM walcount.owners WHERE slot_name = $1`,
 		`DELETE FROM walcount.dirty WHERE slot_name = $1`,
+		`DELETE FROM walcount.carried WHERE slot_name = $1`,
 		`DELETE FROM walcount.partitions WHERE slot_name = $1`,
 		`DELETE FROM walcount.counters WHERE slot_name = $1`,
 		`DELETE FROM walcount.reconcile_runs WHERE slot_name = $1`,

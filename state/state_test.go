@@ -201,3 +201,65 @@ func TestLeafChanges(t *testing.T) {
 		})
 	}
 }
+
+// TestUpdateCarried: a flush writes only the carried keys that changed;
+// the others keep their row, and with it when they were first carried and
+// when a parked one is tried again.
+func TestUpdateCarried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pool(t)
+	if _, _, err := Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	long := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
+	if err := SaveCarried(ctx, db, "s", []Carried{
+		{Counter: "c", Key: "1", Delta: 1, Since: long},
+		{Counter: "c", Key: "2", Delta: 2, Since: long, Parked: "boom"},
+		{Counter: "c", Key: "3", Delta: 3, Since: long},
+	}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := SaveCarried(ctx, db, "other", []Carried{{Counter: "c", Key: "1", Delta: 7}}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	was, err := LoadCarried(ctx, db, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now []Carried
+	for _, c := range was {
+		switch c.Key {
+		case "1": // unchanged
+			now = append(now, c)
+		case "2": // parked, not due, gets a delta
+			c.Delta += 5
+			now = append(now, c)
+		}
+		// 3 was applied
+	}
+	now = append(now, Carried{Counter: "c", Key: "4", Delta: -1})
+	if err := UpdateCarried(ctx, db, "s", was, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadCarried(ctx, db, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b Carried) int { return strings.Compare(a.Key, b.Key) })
+	if len(got) != 3 || got[0].Key != "1" || got[1].Key != "2" || got[2].Key != "4" {
+		t.Fatalf("carried after the update = %+v", got)
+	}
+	if !got[0].Since.Equal(long) || !got[1].Since.Equal(long) || got[1].Delta != 7 || got[1].Parked != "boom" || got[1].Due {
+		t.Errorf("kept keys lost their figures: %+v", got[:2])
+	}
+	if got[1].RetryAt == nil || time.Until(*got[1].RetryAt) < 50*time.Minute {
+		t.Errorf("the parked key's retry time moved: %v", got[1].RetryAt)
+	}
+	if got[2].Delta != -1 || time.Since(got[2].Since) > time.Hour {
+		t.Errorf("new key %+v", got[2])
+	}
+	if other, err := LoadCarried(ctx, db, "other"); err != nil || len(other) != 1 {
+		t.Errorf("another slot's keys = %+v, %v", other, err)
+	}
+}

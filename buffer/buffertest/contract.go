@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -272,13 +273,24 @@ func movesRunBeforeTheBatch(t *testing.T, b *buffer.Redis, _ redis.UniversalClie
 	if _, err := b.Apply(ctx, 20, 30, moves, []counter.Delta{{Field: "c:1", N: 2}, {Field: "c:30", N: -1}}); err != nil {
 		t.Fatal(err)
 	}
+	later := []counter.Move{{Field: "c:20", To: "c:200"}, {Field: "c:\"x\"/é", To: ""}}
+	if _, err := b.Apply(ctx, 30, 40, later, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.Len(ctx); err != nil || n != 2 {
+		t.Fatalf("Len = %d, %v; want 2 (the recorded moves are not deltas)", n, err)
+	}
 	got, ok, err := b.HandOver(ctx, 10)
 	if err != nil || !ok {
 		t.Fatalf("hand-over: %v %v", ok, err)
 	}
-	want := map[string]int64{"c:1": 2, "c:20": 6}
-	if len(got.Deltas) != len(want) || got.Deltas["c:1"] != 2 || got.Deltas["c:20"] != 6 {
+	want := map[string]int64{"c:1": 2, "c:200": 6}
+	if len(got.Deltas) != len(want) || got.Deltas["c:1"] != 2 || got.Deltas["c:200"] != 6 {
 		t.Fatalf("deltas = %v, want %v", got.Deltas, want)
+	}
+	// The flusher runs the moves, in stream order, on what it carried.
+	if wantMoves := append(moves, later...); !slices.Equal(got.Moves, wantMoves) {
+		t.Fatalf("moves = %v, want %v", got.Moves, wantMoves)
 	}
 }
 

@@ -29,15 +29,18 @@ type statusReport struct {
 	CheckpointError string             `json:"checkpoint_error,omitempty"`
 	// Dirty are the counters, or keys, walcount cannot vouch for until a
 	// reconciliation repaired them, read from its state schema.
-	Dirty           []state.Dirty   `json:"dirty,omitempty"`
-	RedisLSN        string          `json:"redis_lsn,omitempty"`
-	BufferKeys      *int64          `json:"buffer_keys,omitempty"`
-	FlushInProgress bool            `json:"flush_in_progress"`
-	RedisError      string          `json:"redis_error,omitempty"`
-	RedisEviction   string          `json:"redis_eviction,omitempty"`
-	Daemon          json.RawMessage `json:"daemon,omitempty"`
-	DaemonError     string          `json:"daemon_error,omitempty"`
-	Warnings        []string        `json:"warnings,omitempty"`
+	Dirty []state.Dirty `json:"dirty,omitempty"`
+	// Carried is what the flushes carried to the next: keys whose target
+	// row the app holds locked, and parked keys (design rule 2).
+	Carried         *state.CarriedSummary `json:"carried,omitempty"`
+	RedisLSN        string                `json:"redis_lsn,omitempty"`
+	BufferKeys      *int64                `json:"buffer_keys,omitempty"`
+	FlushInProgress bool                  `json:"flush_in_progress"`
+	RedisError      string                `json:"redis_error,omitempty"`
+	RedisEviction   string                `json:"redis_eviction,omitempty"`
+	Daemon          json.RawMessage       `json:"daemon,omitempty"`
+	DaemonError     string                `json:"daemon_error,omitempty"`
+	Warnings        []string              `json:"warnings,omitempty"`
 }
 
 func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON bool) error {
@@ -58,6 +61,11 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 		if r.Dirty, err = state.ListDirty(ctx, conn, cfg.Slot); err != nil {
 			return err
 		}
+		c, err := state.ReadCarriedSummary(ctx, conn, cfg.Slot)
+		if err != nil {
+			return err
+		}
+		r.Carried = &c
 	}
 	if ropt, err := cfg.RedisOptions(); err != nil {
 		// A parse error may quote the URL, password included.
@@ -125,6 +133,11 @@ func fetchDaemonStatus(ctx context.Context, addr string) (json.RawMessage, error
 	return json.RawMessage(body), nil
 }
 
+// DeferredWarnAfter is how long a key may be carried (its row locked by
+// the app) before walcount status warns about it; the alert
+// WalcountFlushKeyDeferred uses the same.
+const DeferredWarnAfter = 3 * time.Minute
+
 // statusWarnings says in words what an operator must look at.
 func statusWarnings(r statusReport) []string {
 	var w []string
@@ -148,6 +161,16 @@ func statusWarnings(r statusReport) []string {
 	}
 	for _, counter := range dirtyCounters(r.Dirty) {
 		w = append(w, fmt.Sprintf("counter %s is DIRTY (%s): its counts may be wrong until walcount's reconciliation repairs it, which it runs by itself", counter.name, counter.cause))
+	}
+	if c := r.Carried; c != nil {
+		if c.Oldest != nil && c.OldestAge >= DeferredWarnAfter.Seconds() {
+			w = append(w, fmt.Sprintf("counter %s key %s has been carried for %s: a transaction has held its target row locked that long (find it in pg_locks and pg_stat_activity and end it); every other key is applied",
+				c.Oldest.Counter, c.Oldest.Key, secondsAgo(c.OldestAge)))
+		}
+		for _, p := range c.ParkedKeys {
+			w = append(w, fmt.Sprintf("counter %s key %s is PARKED: its update fails (%s); walcount keeps its delta, retries it and repairs it by reconciliation once it can be written",
+				p.Counter, p.Key, p.Parked))
+		}
 	}
 	if r.RedisError != "" {
 		w = append(w, "redis does not answer: "+r.RedisError+"; walcount cannot buffer deltas until it does (check --redis-url / WALCOUNT_REDIS_URL and the server)")
@@ -224,6 +247,18 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 			fl = ", flush in progress"
 		}
 		fmt.Fprintf(tw, "buffer\t%d keys up to %s%s\n", *r.BufferKeys, r.RedisLSN, fl)
+	}
+	if c := r.Carried; c != nil && c.Oldest != nil {
+		fmt.Fprintf(tw, "carried\t%d keys whose row is locked by another transaction; oldest %s key %s (delta %+d) for %s\n",
+			c.Deferred, c.Oldest.Counter, c.Oldest.Key, c.Oldest.Delta, secondsAgo(c.OldestAge))
+	}
+	if c := r.Carried; c != nil {
+		for _, p := range c.ParkedKeys {
+			fmt.Fprintf(tw, "parked\t%s key %s (delta %+d), since %s ago: %s\n", p.Counter, p.Key, p.Delta, secondsAgo(time.Since(p.Since).Seconds()), p.Parked)
+		}
+		if n := c.Parked - int64(len(c.ParkedKeys)); n > 0 {
+			fmt.Fprintf(tw, "parked\tand %d more keys\n", n)
+		}
 	}
 	for _, c := range dirtyCounters(r.Dirty) {
 		fmt.Fprintf(tw, "dirty\t%s: %s, since %s ago\n", c.name, c.what, secondsAgo(time.Since(c.since).Seconds()))

@@ -124,8 +124,9 @@ type statusJSON struct {
 		LagBytes  int64  `json:"lag_bytes"`
 		Retained  int64  `json:"retained_wal_bytes"`
 	} `json:"slot"`
-	Checkpoint    string   `json:"checkpoint_lsn"`
-	CheckpointAge *float64 `json:"checkpoint_age_seconds"`
+	Checkpoint    string                `json:"checkpoint_lsn"`
+	CheckpointAge *float64              `json:"checkpoint_age_seconds"`
+	Carried       *state.CarriedSummary `json:"carried"`
 	Daemon        *struct {
 		Streaming bool   `json:"streaming"`
 		Received  string `json:"received_lsn"`
@@ -457,4 +458,41 @@ SELECT (SELECT count(*) FROM posts p WHERE likes_count <> (SELECT count(*) FROM 
 		}
 		return err == nil && off == 0 && marks == 0 && active, fmt.Sprintf("%d posts off, %d dirty marks, slot active %v, err %v", off, marks, active, err)
 	})
+}
+
+// TestStatusShowsCarriedKeys: a key carried for minutes (its row held by
+// the app) and a parked key are lines of their own, each named, and
+// warnings; the status exits 1 while they last.
+func TestStatusShowsCarriedKeys(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, nil)
+	conn := c.connect(t)
+	ctx := context.Background()
+	err := state.SaveCarried(ctx, conn, c.cfg.Slot, []state.Carried{
+		{Counter: "post_likes", Key: "7", Delta: 12, Since: time.Now().Add(-5 * time.Minute)},
+		{Counter: "post_likes", Key: "9", Delta: 1},
+		{Counter: "post_likes", Key: "50", Delta: -1, Parked: "post 50 is archived and read-only (SQLSTATE P0001)"},
+	}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := status(t, c.cfg, false)
+	for _, want := range []string{
+		"carried         2 keys whose row is locked by another transaction; oldest post_likes key 7 (delta +12) for 5m",
+		"parked          post_likes key 50 (delta -1), since ",
+		"WARNING: counter post_likes key 7 has been carried for 5m",
+		"WARNING: counter post_likes key 50 is PARKED: its update fails (post 50 is archived and read-only (SQLSTATE P0001))",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	s := statusParsed(t, c.cfg)
+	if s.Carried == nil || s.Carried.Deferred != 2 || s.Carried.Parked != 1 {
+		t.Errorf("status --json carried = %+v", s.Carried)
+	}
+	c.exec(t, "DELETE FROM walcount.carried")
+	if out := status(t, c.cfg, false); strings.Contains(out, "carried") || strings.Contains(out, "parked") {
+		t.Errorf("status still shows carried keys after they went:\n%s", out)
+	}
 }

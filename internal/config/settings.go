@@ -131,3 +131,17 @@ func setDuration(dst *time.Duration, v string) error {
 	*dst = d
 	return nil
 }
+
+// PostgresSessionSettings are sent at the start of every PostgreSQL
+// connection walcount run and walcount check open (they win over the
+// settings of the database and the role): no statement or lock wait is
+// cut short by a setting of the database or the role (ALTER ROLE ... SET
+// statement_timeout = '1ms' must not wedge walcount; reconciliation's
+// surveys take seconds), and a transaction left idle, which could hold
+// row locks the app waits for, ends after a minute. The flush sets
+// tighter bounds in its own transaction (package sink).
+var PostgresSessionSettings = map[string]string{
+	"lock_timeout":                        "0",
+	"statement_timeout":                   "0",
+	"idle_in_transaction_session_timeout": "60s",
+}

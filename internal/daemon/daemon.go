@@ -45,6 +45,10 @@ var (
 	_ sink.Buffer       = (*buffer.Redis)(nil)
 )
 
+// SessionSettings are the settings of every connection of the daemon's
+// pool (config.PostgresSessionSettings).
+var SessionSettings = config.PostgresSessionSettings
+
 // Options configure a Daemon.
 type Options struct {
 	Config config.Config
@@ -61,6 +65,9 @@ type Options struct {
 	Logger             *zap.Logger
 	// Failpoints are armed by crash tests; nil in production.
 	Failpoints *failpoint.Set
+	// ParkRetry is how long a parked key waits before a flush tries it
+	// again; zero uses sink.DefaultParkRetry.
+	ParkRetry time.Duration
 
 	// replayFromSlot starts streaming at the slot's confirmed position
 	// instead of W, so that tests see the server resend what is applied.
@@ -165,6 +172,13 @@ func New(opt Options) (*Daemon, error) {
 		return nil, &config.Error{Problems: []config.Problem{{Field: "database_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.DatabaseURL), redactErr(err))}}}
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "walcount"
+	// walcount's own bounds for its sessions: settings sent at connection
+	// start win over those of the database and the role (ALTER ROLE ...
+	// SET lock_timeout = '1ms' must not wedge it). The flush sets tighter
+	// ones in its transaction (sink.Options).
+	for k, v := range SessionSettings {
+		pcfg.ConnConfig.RuntimeParams[k] = v
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("create postgres pool: %w", err)

@@ -92,6 +92,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Logger:     d.log,
 		Failpoints: d.opt.Failpoints,
 		FlushLog:   d.flushes,
+		ParkRetry:  d.opt.ParkRetry,
 	})
 	if err != nil {
 		return nil, err

@@ -50,8 +50,14 @@ type Status struct {
 	// LastFlush is when W last moved: the commit of the last flush.
 	LastFlush *time.Time `json:"last_flush,omitempty"`
 	// BufferKeys is the number of keys in the Redis buffer (buffer and
-	// flushing); absent when Redis does not answer.
+	// flushing) and carried by the flushes; absent when Redis does not
+	// answer.
 	BufferKeys *int64 `json:"buffer_keys,omitempty"`
+	// Carried is what the flushes carried to the next one: keys whose
+	// target row another transaction holds locked (the oldest named),
+	// and parked keys whose update failed on the row's data (design
+	// rule 2); absent when PostgreSQL does not answer.
+	Carried *state.CarriedSummary `json:"carried,omitempty"`
 	// QueueDepth is the number of transactions waiting between the stream
 	// and the aggregator.
 	QueueDepth   int        `json:"queue_depth"`
@@ -121,6 +127,7 @@ type snapshot struct {
 	st         daemonState
 	p          progress
 	bufferKeys *int64
+	carried    *state.CarriedSummary
 	queueDepth int
 	queueBytes int64
 	dirty      []state.Dirty
@@ -240,7 +247,16 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
+	if c, err := state.ReadCarriedSummary(rctx, d.pool, d.cfg.Slot); err == nil {
+		s.carried = &c
+		d.m.FlushKeysDeferred.Set(float64(c.Deferred))
+		d.m.FlushOldestDeferredSeconds.Set(c.OldestAge)
+		d.m.KeysParked.Set(float64(c.Parked))
+	}
 	if n, err := d.buf.Len(rctx); err == nil {
+		if s.carried != nil {
+			n += s.carried.Deferred + s.carried.Parked
+		}
 		s.bufferKeys = &n
 		d.m.BufferKeys.Set(float64(n))
 	}
@@ -298,6 +314,7 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		WaitingForSlot: st.waiting,
 		Failures:       st.failures,
 		BufferKeys:     smp.bufferKeys,
+		Carried:        smp.carried,
 		QueueDepth:     smp.queueDepth,
 		RedisEviction:  st.redisEviction,
 		Dirty:          smp.dirty,

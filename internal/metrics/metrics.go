@@ -190,8 +190,18 @@ type Metrics struct {
 	// DeltasDropped counts deltas whose target row did not exist, by
 	// counter.
 	DeltasDropped *prometheus.CounterVec
-	// BufferKeys is the number of keys in the Redis buffer.
+	// BufferKeys is the number of keys in the Redis buffer, and carried
+	// by the flushes in walcount.carried.
 	BufferKeys prometheus.Gauge
+	// FlushKeysDeferred is the number of keys a flush carried to the next
+	// because another transaction held their row locked; and
+	// FlushOldestDeferredSeconds how long the oldest of them has been
+	// carried (design rule 2).
+	FlushKeysDeferred          prometheus.Gauge
+	FlushOldestDeferredSeconds prometheus.Gauge
+	// KeysParked is the number of keys whose UPDATE failed on their row's
+	// data (a trigger, a CHECK) and that wait to be tried again.
+	KeysParked prometheus.Gauge
 	// ApplyLag is the time from a source transaction's commit to the commit
 	// of the flush that contains its deltas.
 	ApplyLag prometheus.Histogram
@@ -305,7 +315,13 @@ func New() *Metrics {
 			Help: "Deltas dropped because their target row does not exist, by counter.",
 		}, []string{LabelCounter}),
 		BufferKeys: gauge("buffer_keys",
-			"Keys waiting in the Redis buffer."),
+			"Keys waiting in the Redis buffer or carried by the flushes to the next one."),
+		FlushKeysDeferred: gauge("flush_keys_deferred",
+			"Keys the last flush carried to the next because another transaction held their target row locked."),
+		FlushOldestDeferredSeconds: gauge("flush_oldest_deferred_seconds",
+			"How long the key carried the longest (its target row locked) has been carried; 0 when none is."),
+		KeysParked: gauge("keys_parked",
+			"Keys whose update failed on their target row's data (a trigger, a CHECK constraint); retried on a slow schedule."),
 		ApplyLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "apply_lag_seconds",
 			Help:    "Time from a source transaction's commit to the commit of the flush that applied its deltas.",
@@ -349,6 +365,7 @@ func New() *Metrics {
 		m.WaitingForSlot, m.SessionFailures, m.StreamTimeouts,
 		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
 		m.ForgedMessages,
+		m.FlushKeysDeferred, m.FlushOldestDeferredSeconds, m.KeysParked,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
 		m.BuildInfo,
 	)

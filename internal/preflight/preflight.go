@@ -69,6 +69,9 @@ const (
 	CheckOwnership        = "ownership"
 	CheckRowSecurity      = "row_security"
 	CheckLogged           = "logged"
+	// CheckTargetRules reports the triggers and CHECK constraints that
+	// act on the flush's UPDATE of a counter column.
+	CheckTargetRules = "target_rules"
 )
 
 // Cause says what must change to resolve a Finding.
@@ -144,7 +147,16 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 		return nil, fmt.Errorf("validate config: %w", err)
 	}
 
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	pcfg, err := pgx.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	// The daemon's own session settings, so that the checks see what it
+	// will (a role's statement_timeout of 1 ms fails neither).
+	for k, v := range config.PostgresSessionSettings {
+		pcfg.RuntimeParams[k] = v
+	}
+	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}

@@ -848,3 +848,67 @@ CREATE UNLOGGED TABLE plain_likes (id bigint PRIMARY KEY, post_id bigint NOT NUL
 		}
 	})
 }
+
+// TestTargetRules: check reports a trigger that fires on the flush's
+// UPDATE of the counter column and a CHECK constraint over it, with what
+// they mean for walcount; a trigger on other columns only is not reported.
+func TestTargetRules(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, goodSchema+`
+ALTER TABLE posts ADD COLUMN archived boolean NOT NULL DEFAULT false, ADD COLUMN title text,
+  ADD CONSTRAINT likes_not_negative CHECK (likes_count >= 0);
+CREATE FUNCTION posts_read_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF OLD.archived THEN RAISE EXCEPTION 'post % is archived', OLD.id; END IF; RETURN NEW; END $$;
+CREATE TRIGGER posts_read_only BEFORE UPDATE ON posts FOR EACH ROW EXECUTE FUNCTION posts_read_only();
+CREATE TRIGGER posts_title AFTER UPDATE OF title ON posts FOR EACH ROW EXECUTE FUNCTION posts_read_only();`)
+	findings := run(t, f.cfg)
+	tr := want(t, findings, preflight.CheckTargetRules, preflight.Warning,
+		"trigger posts_read_only (BEFORE UPDATE, for each row) on public.posts fires for every flush's update of public.posts.likes_count")
+	if !strings.Contains(tr.Message, "parks those keys") || !strings.Contains(tr.Fix, "UPDATE OF <the other columns>") {
+		t.Errorf("trigger finding does not say what it means or how to fix it: %+v", tr)
+	}
+	want(t, findings, preflight.CheckTargetRules, preflight.Warning,
+		"CHECK constraint likes_not_negative on public.posts.likes_count (CHECK ((likes_count >= 0)))")
+	for _, fd := range findings {
+		if strings.Contains(fd.Message, "posts_title") {
+			t.Errorf("a trigger on other columns only is reported: %s", fd.Message)
+		}
+	}
+	g := newFixture(t, goodSchema)
+	none(t, run(t, g.cfg), preflight.CheckTargetRules, preflight.Warning)
+}
+
+// TestRoleTimeouts: lock_timeout, statement_timeout and
+// idle_in_transaction_session_timeout of 1 ms on walcount's role in the
+// database neither fail the checks (walcount run makes them first) nor
+// go unreported: walcount sets its own for its sessions.
+func TestRoleTimeouts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, goodSchema)
+	f.setUp(t)
+	role := fmt.Sprintf("preflight_to_%d_%d", os.Getpid(), slotSeq.Add(1))
+	f.exec(t, "CREATE ROLE "+role+" LOGIN REPLICATION")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = f.conn.Exec(ctx, "DROP OWNED BY "+role)
+		_, _ = f.conn.Exec(ctx, "DROP ROLE "+role)
+	})
+	f.exec(t, "GRANT SELECT ON likes TO "+role)
+	f.exec(t, "GRANT SELECT (id, likes_count), UPDATE (likes_count) ON posts TO "+role)
+	f.exec(t, state.AccessGrants(role))
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := pgx.Identifier{strings.TrimPrefix(u.Path, "/")}.Sanitize()
+	for _, s := range []string{"lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout"} {
+		f.exec(t, fmt.Sprintf("ALTER ROLE %s IN DATABASE %s SET %s = '1ms'", role, db, s))
+	}
+	u.User = url.User(role)
+	cfg := f.cfg
+	cfg.DatabaseURL = u.String()
+	findings := run(t, cfg)
+	if preflight.HasProblems(findings) {
+		t.Error("the role's timeouts made checks fail")
+	}
+}

@@ -75,6 +75,9 @@ func (r *run) checkReplicationConn() {
 		return
 	}
 	pc.RuntimeParams["replication"] = "database"
+	// As cdc/ sets them.
+	pc.RuntimeParams["statement_timeout"] = "0"
+	pc.RuntimeParams["lock_timeout"] = "0"
 	conn, err := pgconn.ConnectConfig(r.ctx, pc)
 	if err != nil {
 		fix := fmt.Sprintf("allow role %s to connect to database %s in pg_hba.conf", r.user, r.database)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walcount/walcount/counter"
@@ -111,6 +112,9 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 		return err
 	}
 	r.checkTargetIdentity(c, tgt, prefix)
+	if err := r.checkTargetRules(c, tgt, prefix); err != nil {
+		return err
+	}
 	// The identity is about the source alone: it is worth reporting even
 	// when the target is wrong, as long as the columns it must carry exist.
 	for _, col := range readColumns([]counter.Counter{c}, src) {
@@ -507,6 +511,70 @@ func (r *run) checkLogged(src, tgt *table, prefix string) error {
 			which = fmt.Sprintf("%s %s has UNLOGGED partitions (%s)", t.role, t.t.sql, strings.Join(unlogged, ", "))
 		}
 		r.configProblem(CheckLogged, fmt.Sprintf("%s%s: %s", prefix, which, what), counter.SetLoggedFix(unlogged))
+	}
+	return nil
+}
+
+// checkTargetRules reports what acts on the flush's UPDATE of the counter
+// column (design rule 2): a user trigger on UPDATE of the target that
+// fires for it (no column list, or one naming the counter column), and a
+// CHECK constraint over the column. Neither stops walcount, which parks
+// the key whose update fails and applies the others, but each deserves a
+// look.
+func (r *run) checkTargetRules(c counter.Counter, tgt *table, prefix string) error {
+	rows, err := r.conn.Query(r.ctx, `
+SELECT t.tgname, CASE WHEN t.tgtype & 2 <> 0 THEN 'BEFORE' WHEN t.tgtype & 64 <> 0 THEN 'INSTEAD OF' ELSE 'AFTER' END,
+       t.tgtype & 1 <> 0, t.tgenabled <> 'D'
+FROM pg_trigger t
+WHERE t.tgrelid = $1::regclass AND NOT t.tgisinternal AND t.tgtype & 16 <> 0
+  AND (cardinality(t.tgattr::int2[]) = 0
+       OR (SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = t.tgrelid AND a.attname = $2) = ANY (t.tgattr::int2[]))
+ORDER BY t.tgname`, tgt.sql, c.Column)
+	if err != nil {
+		return r.queryFailed(CheckTargetRules, prefix+"triggers of the target", err)
+	}
+	type trig struct {
+		Name, When   string
+		Row, Enabled bool
+	}
+	trigs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[trig])
+	if err != nil {
+		return r.queryFailed(CheckTargetRules, prefix+"triggers of the target", err)
+	}
+	col := tgt.sql + "." + r.ident(c.Column)
+	for _, t := range trigs {
+		if !t.Enabled {
+			continue
+		}
+		level := "statement"
+		if t.Row {
+			level = "row"
+		}
+		r.warn(CheckTargetRules, fmt.Sprintf("%strigger %s (%s UPDATE, for each %s) on %s fires for every flush's update of %s: "+
+			"one that raises for some rows (archived posts made read-only) parks those keys, one that returns NULL skips their update "+
+			"and parks them too (walcount keeps their deltas, applies every other key, retries the parked ones every minute), "+
+			"and a slow one slows every flush", prefix, r.ident(t.Name), t.When, level, tgt.sql, col),
+			fmt.Sprintf("if it need not act on counter updates, fire it on the other columns only (CREATE TRIGGER %s ... %s UPDATE OF <the other columns> ON %s), "+
+				"or let it pass an update that changes %s alone", r.ident(t.Name), t.When, tgt.sql, r.ident(c.Column)))
+	}
+	rows, err = r.conn.Query(r.ctx, `
+SELECT c.conname, pg_get_constraintdef(c.oid)
+FROM pg_constraint c
+WHERE c.conrelid = $1::regclass AND c.contype = 'c'
+  AND (SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = c.conrelid AND a.attname = $2) = ANY (c.conkey)
+ORDER BY c.conname`, tgt.sql, c.Column)
+	if err != nil {
+		return r.queryFailed(CheckTargetRules, prefix+"CHECK constraints of the target", err)
+	}
+	type check struct{ Name, Def string }
+	checks, err := pgx.CollectRows(rows, pgx.RowToStructByPos[check])
+	if err != nil {
+		return r.queryFailed(CheckTargetRules, prefix+"CHECK constraints of the target", err)
+	}
+	for _, ck := range checks {
+		r.warn(CheckTargetRules, fmt.Sprintf("%sCHECK constraint %s on %s (%s): it holds for the true counts, but a column that is off "+
+			"(as before the backfill reaches a key) can fail it on a delta; walcount then parks that key, keeps its delta and "+
+			"repairs it by reconciliation, and every other key goes on", prefix, r.ident(ck.Name), col, ck.Def), "")
 	}
 	return nil
 }
