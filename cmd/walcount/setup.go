@@ -107,10 +107,21 @@ func newTeardownCmd(g *globalFlags) *cobra.Command {
 			}
 			rdb := redisconn.New(ropt, nil)
 			defer rdb.Close()
-			if err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication); err != nil {
+			res, err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "dropped slot %q, publication %q, schema walcount and the Redis keys\n", cfg.Slot, cfg.Publication)
+			if len(res.Dropped) > 0 {
+				fmt.Fprintf(out, "dropped %s\n", strings.Join(res.Dropped, ", "))
+			} else {
+				fmt.Fprintln(out, "nothing to drop")
+			}
+			if len(res.ForOwner) > 0 {
+				fmt.Fprintln(out, "left for their owner, who runs (psql -v ON_ERROR_STOP=1):")
+				for _, stmt := range res.ForOwner {
+					fmt.Fprintln(out, "  "+stmt)
+				}
+			}
 			return nil
 		},
 	}
