@@ -146,8 +146,8 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 	if len(grants) == 0 {
 		p.comment("2. Privileges on the tables: %s has every one walcount needs.", user)
 	} else {
-		p.comment("2. Privileges walcount's role needs on the tables: reading the sources (backfill and\n"+
-			"   reconciliation) and updating the counter columns (the flush).\n"+
+		p.comment("2. Privileges walcount's role needs on the tables: reading the sources (backfill and\n" +
+			"   reconciliation) and updating the counter columns (the flush).\n" +
 			"   Needs: ownership of the tables (or the GRANT OPTION).")
 		for _, g := range grants {
 			p.stmt(g)
