@@ -151,6 +151,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	steps := []func() error{
 		r.checkServer,
 		r.checkRole,
+		r.checkOwnerSteps,
 		r.checkCounters,
 		r.checkPublication,
 		r.checkSlot,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/daemon"
+	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/internal/testenv"
@@ -266,6 +267,38 @@ func TestSetupNeedsTheOwner(t *testing.T) {
 	wconn := r.walcountConn(t)
 	if _, err := r.ownerConn.Exec(ctx, "GRANT SELECT ON likes TO "+r.walcnt+"; GRANT SELECT, UPDATE (likes_count) ON posts TO "+r.walcnt); err != nil {
 		t.Fatal(err)
+	}
+
+	// check says up front that the publication needs the owner, and that
+	// the owner must be a member of walcount's role.
+	ownerSteps := func() preflight.Finding {
+		t.Helper()
+		findings, err := preflight.Run(ctx, preflight.Options{Config: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range findings {
+			if f.Check == preflight.CheckOwnerSteps {
+				return f
+			}
+		}
+		t.Fatalf("no %s finding in %v", preflight.CheckOwnerSteps, findings)
+		return preflight.Finding{}
+	}
+	if _, err := r.super.Exec(ctx, "REVOKE "+r.walcnt+" FROM "+r.owner); err != nil {
+		t.Fatal(err)
+	}
+	f := ownerSteps()
+	if f.Severity != preflight.Warning || !strings.Contains(f.Message, "public.likes (owned by "+r.owner+")") ||
+		!strings.Contains(f.Message, "role "+r.walcnt+" is not the owner of public.likes, public.posts:") ||
+		!strings.Contains(f.Fix, "GRANT "+r.walcnt+" TO "+r.owner+";") || !strings.Contains(f.Fix, "--print-sql") {
+		t.Errorf("owner steps before the owner's membership: %+v", f)
+	}
+	if _, err := r.super.Exec(ctx, "GRANT "+r.walcnt+" TO "+r.owner); err != nil {
+		t.Fatal(err)
+	}
+	if f := ownerSteps(); f.Severity != preflight.Warning || strings.Contains(f.Fix, "GRANT") || !strings.Contains(f.Fix, "--print-sql") {
+		t.Errorf("owner steps once the owner is a member: %+v", f)
 	}
 
 	_, err := setup.Run(ctx, wconn, setup.Options{Config: cfg, FixReplicaIdentity: true})
