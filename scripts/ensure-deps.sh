@@ -4,7 +4,9 @@
 #
 #   demo, bench  go, PostgreSQL >= 14 server binaries (initdb, postgres,
 #                pg_ctl) and redis-server
-#   test         the same and promtool (the alert rules' tests); the default
+#   test         the same, promtool (the alert rules' tests) and pgbouncer
+#                (the pooler tests start their own on a random port); the
+#                default
 #
 # Missing ones are installed with apt-get when this runs as root on a
 # Debian-like system; otherwise it says what to install and exits 1. It
@@ -16,7 +18,7 @@ target=${1:-test}
 
 case $target in
 demo | bench) tools="postgres redis" ;;
-test) tools="postgres redis promtool" ;;
+test) tools="postgres redis promtool pgbouncer" ;;
 *)
 	echo "ensure-deps: unknown target '$target': use demo, bench or test" >&2
 	exit 2
@@ -51,6 +53,10 @@ have_redis() {
 	command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || [ -x /usr/local/bin/redis-server ]
 }
 
+have_pgbouncer() {
+	command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]
+}
+
 have_promtool() {
 	command -v promtool >/dev/null 2>&1
 }
@@ -72,6 +78,7 @@ missing() {
 		postgres) have_postgres || pkgs="$pkgs postgresql" ;;
 		redis) have_redis || pkgs="$pkgs redis-server" ;;
 		promtool) have_promtool || pkgs="$pkgs prometheus" ;;
+		pgbouncer) have_pgbouncer || pkgs="$pkgs pgbouncer" ;;
 		esac
 	done
 	echo "$pkgs"
@@ -84,6 +91,7 @@ describe() {
 		postgresql) echo "  - PostgreSQL >= $MIN_PG server binaries (initdb, postgres, pg_ctl): package postgresql" ;;
 		redis-server) echo "  - redis-server: package redis-server" ;;
 		prometheus) echo "  - promtool, for the alert rules' tests: package prometheus" ;;
+		pgbouncer) echo "  - pgbouncer, for the connection pooler tests: package pgbouncer" ;;
 		esac
 	done
 }
@@ -104,8 +112,23 @@ fi
 echo "ensure-deps: installing$pkgs (for make $target)" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >&2
+# The packages' services (a system pgbouncer on port 6432, a redis-server
+# on 6379) are not started: the tests start servers of their own on random
+# ports. A policy-rc.d that says "forbidden" keeps invoke-rc.d from
+# starting them, unless the system has a policy of its own.
+policy=
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+	policy=/usr/sbin/policy-rc.d
+	printf '#!/bin/sh\nexit 101\n' >"$policy"
+	chmod 755 "$policy"
+	trap 'rm -f "$policy"' EXIT
+fi
 # shellcheck disable=SC2086 # the package list is meant to split
 apt-get install -y -qq --no-install-recommends $pkgs >&2
+if [ -n "$policy" ]; then
+	rm -f "$policy"
+	trap - EXIT
+fi
 
 pkgs=$(missing)
 if [ -n "$pkgs" ]; then

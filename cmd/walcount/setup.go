@@ -15,7 +15,7 @@ import (
 )
 
 func connectPG(ctx context.Context, cfg config.Config) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	conn, err := cfg.ConnectSQL(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %s", redact.URL(cfg.DatabaseURL), redact.URL(err.Error()))
 	}
@@ -40,6 +40,15 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 			defer conn.Close(context.Background())
 			opt.Config = cfg
 			opt.Out = cmd.OutOrStdout()
+			if cfg.PooledSQL() && !opt.PrintSQL {
+				// The slot is made on the direct connection, as it is read.
+				slotConn, err := pgx.Connect(ctx, cfg.ReplicationURL)
+				if err != nil {
+					return fmt.Errorf("connect to the replication URL %s: %s", redact.URL(cfg.ReplicationURL), redact.URL(err.Error()))
+				}
+				defer slotConn.Close(context.Background())
+				opt.SlotConn = slotConn
+			}
 			res, err := setup.Run(ctx, conn, opt)
 			if err != nil {
 				return err

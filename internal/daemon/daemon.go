@@ -151,6 +151,7 @@ func New(opt Options) (*Daemon, error) {
 		return nil, &config.Error{Problems: []config.Problem{{Field: "database_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.DatabaseURL), redactErr(err))}}}
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "walcount"
+	cfg.ApplyQueryExecMode(pcfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("create postgres pool: %w", err)
@@ -221,6 +222,7 @@ func fatal(err error) bool {
 		errors.Is(err, state.ErrOwned) ||
 		errors.Is(err, state.ErrNotClaimed) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
+		errors.Is(err, cdc.ErrPooler) ||
 		isSlotLost(err)
 }
 

@@ -98,7 +98,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		w = 0
 	}
 	stream, err := cdc.Connect(ctx, cdc.StreamConfig{
-		ConnString:     d.cfg.DatabaseURL,
+		ConnString:     d.cfg.ReplicationConnString(),
 		Slot:           d.cfg.Slot,
 		Publication:    d.cfg.Publication,
 		StartLSN:       w,

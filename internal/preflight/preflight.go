@@ -141,7 +141,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 		return nil, fmt.Errorf("validate config: %w", err)
 	}
 
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	conn, err := cfg.ConnectSQL(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}

@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcount/walcount/cdc"
 )
 
 // checkRole checks that the role may stream from a slot, emit walcount's
@@ -69,7 +71,7 @@ const sqlstateTooManyConnections = "53300"
 // checkReplicationConn opens a logical replication connection
 // (replication=database) and runs IDENTIFY_SYSTEM, as cdc/ will.
 func (r *run) checkReplicationConn() {
-	pc, err := pgconn.ParseConfig(r.cfg.DatabaseURL)
+	pc, err := pgconn.ParseConfig(r.cfg.ReplicationConnString())
 	if err != nil {
 		r.problem(CheckReplicationConn, fmt.Sprintf("cannot parse the database URL for a replication connection: %v", err), "")
 		return
@@ -81,6 +83,10 @@ func (r *run) checkReplicationConn() {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == sqlstateTooManyConnections {
 			fix = "raise max_wal_senders (see above), or stop an unused replication client"
+		}
+		if cdc.IsPoolerRefusal(err) {
+			r.problem(CheckReplicationConn, fmt.Sprintf("%s: %v", cdc.ErrPooler, err), cdc.PoolerFix)
+			return
 		}
 		r.problem(CheckReplicationConn, fmt.Sprintf("cannot open a replication connection: %v", err), fix)
 		return

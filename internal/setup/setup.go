@@ -51,6 +51,10 @@ type Options struct {
 	// FixReplicaIdentity sets REPLICA IDENTITY FULL on sources whose
 	// identity does not carry the counters' columns.
 	FixReplicaIdentity bool
+	// SlotConn, when set, creates and drops the slot: a connection to
+	// replication_url, when database_url goes through a pooler. nil means
+	// the connection setup runs on.
+	SlotConn *pgx.Conn
 	// PrintSQL writes the statements to Out instead of running them.
 	PrintSQL bool
 	Out      io.Writer
@@ -333,9 +337,13 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			return err
 		}
 	}
+	slotConn := s.conn
+	if opt.SlotConn != nil {
+		slotConn = opt.SlotConn
+	}
 	if slotExists && opt.RecreateSlot {
-		if err := s.exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
-			return err
+		if _, err := slotConn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
+			return fmt.Errorf("drop replication slot %q: %w", cfg.Slot, err)
 		}
 		slotExists = false
 	}
@@ -347,7 +355,7 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			return nil
 		}
 		var lsn state.LSN
-		if err := s.conn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn); err != nil {
+		if err := slotConn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn); err != nil {
 			return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
 		}
 		s.res.CreatedSlot = true
