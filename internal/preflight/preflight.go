@@ -150,6 +150,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	r := &run{ctx: ctx, conn: conn, cfg: cfg, log: log, tables: map[string]*table{}, quoted: map[string]string{}}
 	steps := []func() error{
 		r.checkServer,
+		r.checkProvider,
 		r.checkRole,
 		r.checkOwnerSteps,
 		r.checkCounters,
