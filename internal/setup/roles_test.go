@@ -203,6 +203,20 @@ func TestThreeRoles(t *testing.T) {
 		t.Errorf("schema walcount owner = %s, want walcount's role %s", got, r.walcnt)
 	}
 
+	// walcount run's gate lets walcount's role start.
+	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := preflight.Gate(findings); err != nil {
+		t.Fatalf("run would refuse walcount's role after the three-role setup: %v", err)
+	}
+	for _, f := range findings {
+		if f.Check == preflight.CheckOwnerSteps && f.Severity != preflight.OK {
+			t.Errorf("owner steps once the owner made the publication: %+v", f)
+		}
+	}
+
 	// Run, as walcount's role, under load from the app (the owner).
 	d, err := daemon.New(daemon.Options{Config: cfg, RetryMin: 50 * time.Millisecond, RetryMax: time.Second})
 	if err != nil {
