@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/testenv"
 )
 
@@ -85,5 +88,42 @@ func TestSetupAndTeardownAsWalcountsRole(t *testing.T) {
 	}
 	if n := c.count("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", c.slot) + c.count("SELECT count(*) FROM pg_namespace WHERE nspname = 'walcount'"); n != 0 {
 		t.Errorf("teardown left the slot or the schema (%d)", n)
+	}
+}
+
+// TestSetupThroughPgBouncer: the commands with database_url on PgBouncer in
+// transaction mode and the slot's replication_url direct; check names the
+// pooler when the replication URL points at it.
+func TestSetupThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	direct := testenv.Database(t)
+	c := newCLI(t, direct, goodSchema)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(u.Port())
+	b, err := servers.StartPgBouncer(ctx, servers.PgBouncerOptions{Host: u.Hostname(), Port: port, Users: []string{u.User.Username()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	pooled := b.URL(u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	c.db = pooled
+	for _, cmd := range []string{"setup", "check"} {
+		if code, _ := c.run(cmd, "--replication-url", direct+"&replication=database"); code != exitOK {
+			t.Fatalf("%s through the pooler with a direct replication URL: exit %d", cmd, code)
+		}
+	}
+	if n := c.count("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", c.slot); n != 1 {
+		t.Fatalf("setup made %d slots", n)
+	}
+	code, out := c.run("check", "--replication-url", pooled)
+	if code != exitFailure || !strings.Contains(out, "connection pooler") || !strings.Contains(out, "replication_url") {
+		t.Fatalf("check with the replication URL at the pooler: exit %d, want %d naming the pooler and the fix", code, exitFailure)
+	}
+	if code, _ := c.run("teardown", "--yes", "--replication-url", direct); code != exitOK {
+		t.Fatalf("teardown: exit %d", code)
 	}
 }

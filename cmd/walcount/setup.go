@@ -42,7 +42,14 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 			opt.Out = cmd.OutOrStdout()
 			if cfg.PooledSQL() && !opt.PrintSQL {
 				// The slot is made on the direct connection, as it is read.
-				slotConn, err := pgx.Connect(ctx, cfg.ReplicationURL)
+				// An SQL session: a replication=database in the URL is
+				// for the stream, which walcount run opens itself.
+				scfg, err := pgx.ParseConfig(cfg.ReplicationURL)
+				if err != nil {
+					return fmt.Errorf("parse the replication URL %s: %s", redact.URL(cfg.ReplicationURL), redact.URL(err.Error()))
+				}
+				delete(scfg.RuntimeParams, "replication")
+				slotConn, err := pgx.ConnectConfig(ctx, scfg)
 				if err != nil {
 					return fmt.Errorf("connect to the replication URL %s: %s", redact.URL(cfg.ReplicationURL), redact.URL(err.Error()))
 				}
