@@ -119,7 +119,14 @@ func TestSetupThroughPgBouncer(t *testing.T) {
 	if n := c.count("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", c.slot); n != 1 {
 		t.Fatalf("setup made %d slots", n)
 	}
-	code, out := c.run("check", "--replication-url", pooled)
+	// The same without replication_url: database_url is the pooler, so
+	// is the replication connection; check's own connection works through
+	// the pooler and says so.
+	code, out := c.run("check")
+	if code != exitFailure || !strings.Contains(out, "connection pooler") || !strings.Contains(out, "replication_url") {
+		t.Fatalf("check with database_url at the pooler and no replication URL: exit %d, want %d naming the pooler and the fix", code, exitFailure)
+	}
+	code, out = c.run("check", "--replication-url", pooled)
 	if code != exitFailure || !strings.Contains(out, "connection pooler") || !strings.Contains(out, "replication_url") {
 		t.Fatalf("check with the replication URL at the pooler: exit %d, want %d naming the pooler and the fix", code, exitFailure)
 	}

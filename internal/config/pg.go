@@ -29,13 +29,20 @@ func (c Config) ApplyQueryExecMode(cc *pgx.ConnConfig) {
 	}
 }
 
-// ConnectSQL opens an SQL connection to database_url, with the query mode
-// of ApplyQueryExecMode.
+// ConnectSQL opens an SQL connection to database_url for the one-shot
+// commands (check, setup, teardown): it uses QueryExecModeCacheDescribe
+// whether or not the URL names a pooler, unless the URL sets
+// default_query_exec_mode, so that they work through PgBouncer in
+// transaction mode even before replication_url is set, and check can say
+// what is wrong. They run a few dozen statements: the mode costs them
+// nothing that matters.
 func (c Config) ConnectSQL(ctx context.Context) (*pgx.Conn, error) {
 	cc, err := pgx.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
-	c.ApplyQueryExecMode(cc)
+	if !strings.Contains(c.DatabaseURL, "default_query_exec_mode") {
+		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
 	return pgx.ConnectConfig(ctx, cc)
 }
