@@ -205,7 +205,7 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	pcfg.RuntimeParams["lock_timeout"] = "0"
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect for replication: %w", err)
+		return nil, fmt.Errorf("connect for replication: %w", poolerError(err))
 	}
 	// The server's system identifier and timeline name the history the
 	// stream belongs to; after a failover or a restore the same LSNs may

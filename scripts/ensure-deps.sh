@@ -4,8 +4,9 @@
 #
 #   demo, bench  go, PostgreSQL >= 14 server binaries (initdb, postgres,
 #                pg_ctl) and redis-server
-#   test         the same, promtool (the alert rules' tests) and
-#                systemd-analyze (the systemd unit's test); the default
+#   test         the same, promtool (the alert rules' tests),
+#                systemd-analyze (the systemd unit's test) and pgbouncer
+#                (the pooler tests start their own on a random port); the
 #
 # Missing ones are installed with apt-get when this runs as root on a
 # Debian-like system; otherwise it says what to install and exits 1. It
@@ -28,7 +29,7 @@ TOOLS_CACHE=${WALCOUNT_TOOLS_CACHE:-/var/tmp/walcount/tools}
 
 case $target in
 demo | bench) tools="postgres redis" ;;
-test) tools="postgres redis promtool systemd-analyze" ;;
+test) tools="postgres redis promtool systemd-analyze pgbouncer" ;;
 *)
 	echo "ensure-deps: unknown target '$target': use demo, bench or test" >&2
 	exit 2
@@ -61,6 +62,10 @@ have_postgres() {
 
 have_redis() {
 	command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || [ -x /usr/local/bin/redis-server ]
+}
+
+have_pgbouncer() {
+	command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]
 }
 
 have_promtool() {
@@ -110,6 +115,7 @@ missing() {
 		postgres) have_postgres || pkgs="$pkgs postgresql" ;;
 		redis) have_redis || pkgs="$pkgs redis-server" ;;
 		systemd-analyze) have_systemd_analyze || pkgs="$pkgs systemd" ;;
+		pgbouncer) have_pgbouncer || pkgs="$pkgs pgbouncer" ;;
 		esac
 	done
 	echo "$pkgs"
@@ -122,6 +128,7 @@ describe() {
 		postgresql) echo "  - PostgreSQL >= $MIN_PG server binaries (initdb, postgres, pg_ctl): package postgresql" ;;
 		redis-server) echo "  - redis-server: package redis-server" ;;
 		systemd) echo "  - systemd-analyze, for the systemd unit's test: package systemd" ;;
+		pgbouncer) echo "  - pgbouncer, for the connection pooler tests: package pgbouncer" ;;
 		esac
 	done
 }
@@ -168,8 +175,23 @@ fi
 echo "ensure-deps: installing$pkgs (for make $target)" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >&2
+# The packages' services (a system pgbouncer on port 6432, a redis-server
+# on 6379) are not started: the tests start servers of their own on random
+# ports. A policy-rc.d that says "forbidden" keeps invoke-rc.d from
+# starting them, unless the system has a policy of its own.
+policy=
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+	policy=/usr/sbin/policy-rc.d
+	printf '#!/bin/sh\nexit 101\n' >"$policy"
+	chmod 755 "$policy"
+	trap 'rm -f "$policy"' EXIT
+fi
 # shellcheck disable=SC2086 # the package list is meant to split
 apt-get install -y -qq --no-install-recommends $pkgs >&2
+if [ -n "$policy" ]; then
+	rm -f "$policy"
+	trap - EXIT
+fi
 
 pkgs=$(missing)
 if [ -n "$pkgs" ] || [ -n "$promtool_missing" ]; then

@@ -120,9 +120,14 @@ type Access struct {
 }
 
 // AccessGrants are the statements that give role everything walcount does
-// with its state: read and write every table, use the sequences.
+// with its state: read and write every table, use the sequences, and the
+// same on the tables and sequences that later migrations create, when the
+// role that owns the state (the one that runs these statements and the
+// migrations) creates them. A state schema that walcount's role made
+// itself needs none of this: it owns every table.
 func AccessGrants(role string) string {
-	return fmt.Sprintf("GRANT USAGE ON SCHEMA walcount TO %[1]s; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO %[1]s; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO %[1]s;", role)
+	return fmt.Sprintf("GRANT USAGE ON SCHEMA walcount TO %[1]s; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO %[1]s; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO %[1]s; "+
+		"ALTER DEFAULT PRIVILEGES IN SCHEMA walcount GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO %[1]s; ALTER DEFAULT PRIVILEGES IN SCHEMA walcount GRANT USAGE, SELECT ON SEQUENCES TO %[1]s;", role)
 }
 
 // StateAccess reads the current role's privileges on walcount's state. It

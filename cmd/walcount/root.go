@@ -16,19 +16,20 @@ import (
 
 // globalFlags are the settings every command shares (docs/design.md §6).
 type globalFlags struct {
-	configPath    string
-	databaseURL   string
-	redisURL      string
-	slot          string
-	publication   string
-	flushInterval time.Duration
-	httpAddr      string
-	httpToken     string
-	logLevel      string
-	logFormat     string
-	cpuScheduling string // walcount run only
-	onSlotLoss    string // walcount run only
-	maxKeys       int    // walcount reconcile only
+	configPath     string
+	databaseURL    string
+	replicationURL string
+	redisURL       string
+	slot           string
+	publication    string
+	flushInterval  time.Duration
+	httpAddr       string
+	httpToken      string
+	logLevel       string
+	logFormat      string
+	cpuScheduling  string // walcount run only
+	onSlotLoss     string // walcount run only
+	maxKeys        int    // walcount reconcile only
 }
 
 func newRootCmd() *cobra.Command {
@@ -67,6 +68,7 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 	f := root.PersistentFlags()
 	f.StringVar(&g.configPath, "config", "", settingHelp("config", "YAML config file"))
 	f.StringVar(&g.databaseURL, "database-url", "", settingHelp("database-url", "PostgreSQL URL"))
+	f.StringVar(&g.replicationURL, "replication-url", "", settingHelp("replication-url", "PostgreSQL URL of the replication connection (the slot), when the database URL goes through a pooler"))
 	f.StringVar(&g.redisURL, "redis-url", "", settingHelp("redis-url", "Redis URL"))
 	f.StringVar(&g.slot, "slot", "", settingHelp("slot", "logical replication slot"))
 	f.StringVar(&g.publication, "publication", "", settingHelp("publication", "publication"))
@@ -129,6 +131,9 @@ func (g *globalFlags) load(cmd *cobra.Command) (config.Config, error) {
 	fl := cmd.Flags()
 	if fl.Changed("database-url") {
 		ov.DatabaseURL = &g.databaseURL
+	}
+	if fl.Changed("replication-url") {
+		ov.ReplicationURL = &g.replicationURL
 	}
 	if fl.Changed("redis-url") {
 		ov.RedisURL = &g.redisURL

@@ -15,7 +15,7 @@ import (
 )
 
 func connectPG(ctx context.Context, cfg config.Config) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+	conn, err := cfg.ConnectSQL(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %s", redact.URL(cfg.DatabaseURL), redact.URL(err.Error()))
 	}
@@ -41,6 +41,22 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 			opt.Config = cfg
 			opt.Out = cmd.OutOrStdout()
 			opt.Waits = cmd.ErrOrStderr()
+			if cfg.PooledSQL() && !opt.PrintSQL {
+				// The slot is made on the direct connection, as it is read.
+				// An SQL session: a replication=database in the URL is
+				// for the stream, which walcount run opens itself.
+				scfg, err := pgx.ParseConfig(cfg.ReplicationURL)
+				if err != nil {
+					return fmt.Errorf("parse the replication URL %s: %s", redact.URL(cfg.ReplicationURL), redact.URL(err.Error()))
+				}
+				delete(scfg.RuntimeParams, "replication")
+				slotConn, err := pgx.ConnectConfig(ctx, scfg)
+				if err != nil {
+					return fmt.Errorf("connect to the replication URL %s: %s", redact.URL(cfg.ReplicationURL), redact.URL(err.Error()))
+				}
+				defer slotConn.Close(context.Background())
+				opt.SlotConn = slotConn
+			}
 			res, err := setup.Run(ctx, conn, opt)
 			if err != nil {
 				return err
@@ -108,10 +124,21 @@ func newTeardownCmd(g *globalFlags) *cobra.Command {
 			}
 			rdb := redisconn.New(ropt, nil)
 			defer rdb.Close()
-			if err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication); err != nil {
+			res, err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "dropped slot %q, publication %q, schema walcount and the Redis keys\n", cfg.Slot, cfg.Publication)
+			if len(res.Dropped) > 0 {
+				fmt.Fprintf(out, "dropped %s\n", strings.Join(res.Dropped, ", "))
+			} else {
+				fmt.Fprintln(out, "nothing to drop")
+			}
+			if len(res.ForOwner) > 0 {
+				fmt.Fprintln(out, "left for their owner, who runs (psql -v ON_ERROR_STOP=1):")
+				for _, stmt := range res.ForOwner {
+					fmt.Fprintln(out, "  "+stmt)
+				}
+			}
 			return nil
 		},
 	}

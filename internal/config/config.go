@@ -39,6 +39,12 @@ const (
 type Config struct {
 	// DatabaseURL is the PostgreSQL connection URL (libpq URL or DSN).
 	DatabaseURL string `yaml:"database_url"`
+	// ReplicationURL is the PostgreSQL URL of the replication connection
+	// (the slot's stream) and of the slot's creation; empty means
+	// DatabaseURL. It lets the SQL pool go through a connection pooler
+	// (PgBouncer in transaction mode) while the slot is read directly:
+	// a replication connection cannot be pooled.
+	ReplicationURL string `yaml:"replication_url"`
 	// RedisURL is the Redis URL: a single node, a cluster or a
 	// Sentinel-watched primary (see package redisconn for the forms).
 	RedisURL string `yaml:"redis_url"`
@@ -157,6 +163,15 @@ type ReconcileSettings struct {
 	// MaxKeysPerSecond paces every run: at most that many target keys are
 	// read per second. 0, the default, means no limit.
 	MaxKeysPerSecond int `yaml:"max_keys_per_second"`
+}
+
+// ReplicationConnString is the URL of the replication connection:
+// ReplicationURL, else DatabaseURL.
+func (c Config) ReplicationConnString() string {
+	if c.ReplicationURL != "" {
+		return c.ReplicationURL
+	}
+	return c.DatabaseURL
 }
 
 // Default returns the configuration with every default filled in.

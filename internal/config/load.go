@@ -21,17 +21,18 @@ import (
 // not given and leaves the value from the environment, the file or the
 // default in place.
 type Overrides struct {
-	DatabaseURL   *string
-	RedisURL      *string
-	Slot          *string
-	Publication   *string
-	HTTPAddr      *string
-	HTTPToken     *string
-	LogLevel      *string
-	LogFormat     *string
-	FlushInterval *time.Duration
-	CPUScheduling *string
-	OnSlotLoss    *string
+	DatabaseURL    *string
+	ReplicationURL *string
+	RedisURL       *string
+	Slot           *string
+	Publication    *string
+	HTTPAddr       *string
+	HTTPToken      *string
+	LogLevel       *string
+	LogFormat      *string
+	FlushInterval  *time.Duration
+	CPUScheduling  *string
+	OnSlotLoss     *string
 	// MaxKeysPerSecond is reconcile.max_keys_per_second.
 	MaxKeysPerSecond *int
 }
@@ -121,6 +122,7 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	}
 
 	flag(&cfg.DatabaseURL, ov.DatabaseURL, "database_url", "--database-url")
+	flag(&cfg.ReplicationURL, ov.ReplicationURL, "replication_url", "--replication-url")
 	flag(&cfg.RedisURL, ov.RedisURL, "redis_url", "--redis-url")
 	flag(&cfg.Slot, ov.Slot, "slot", "--slot")
 	flag(&cfg.Publication, ov.Publication, "publication", "--publication")
@@ -196,6 +198,7 @@ func Parse(data []byte, source string) (Config, error) {
 // identifiers that are normalised on the way in.
 type fileConfig struct {
 	DatabaseURL       string        `yaml:"database_url"`
+	ReplicationURL    string        `yaml:"replication_url"`
 	RedisURL          string        `yaml:"redis_url"`
 	RedisTLS          RedisTLS      `yaml:"redis_tls"`
 	RedisSentinel     RedisSentinel `yaml:"redis_sentinel"`
@@ -264,6 +267,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 
 	fc := fileConfig{
 		DatabaseURL:       cfg.DatabaseURL,
+		ReplicationURL:    cfg.ReplicationURL,
 		RedisURL:          cfg.RedisURL,
 		RedisTLS:          cfg.RedisTLS,
 		RedisSentinel:     cfg.RedisSentinel,
@@ -289,6 +293,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 	}
 
 	cfg.DatabaseURL = fc.DatabaseURL
+	cfg.ReplicationURL = fc.ReplicationURL
 	cfg.RedisURL = fc.RedisURL
 	cfg.RedisTLS = fc.RedisTLS
 	cfg.RedisSentinel = fc.RedisSentinel

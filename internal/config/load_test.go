@@ -214,6 +214,8 @@ func TestLoadEverySettingPrecedence(t *testing.T) {
 	cases := map[string]values{
 		"database_url": {"postgres://file/db", "postgres://env/db", Overrides{DatabaseURL: str("postgres://flag/db")},
 			func(c Config) string { return c.DatabaseURL }, "postgres://flag/db"},
+		"replication_url": {"postgres://file/repl", "postgres://env/repl", Overrides{ReplicationURL: str("postgres://flag/repl")},
+			func(c Config) string { return c.ReplicationURL }, "postgres://flag/repl"},
 		"redis_url": {"redis://file:6379/0", "redis://env:6379/0", Overrides{RedisURL: str("redis://flag:6379/0")},
 			func(c Config) string { return c.RedisURL }, "redis://flag:6379/0"},
 		"slot":        {"file_slot", "env_slot", Overrides{Slot: str("flag_slot")}, func(c Config) string { return c.Slot }, "flag_slot"},

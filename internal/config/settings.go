@@ -41,6 +41,8 @@ const (
 	EnvConfig      = "WALCOUNT_CONFIG"
 	EnvDatabaseURL = "WALCOUNT_DATABASE_URL"
 	EnvRedisURL    = "WALCOUNT_REDIS_URL"
+	// EnvReplicationURL is the URL of the replication connection.
+	EnvReplicationURL = "WALCOUNT_REPLICATION_URL"
 	// EnvDatabaseURLFallback and EnvRedisURLFallback are the conventional
 	// names that platforms (Heroku, Render, docker compose files) set;
 	// the WALCOUNT_ names and the file win over them.
@@ -64,6 +66,8 @@ var Settings = []Setting{
 	{Flag: "config", Env: EnvConfig, Default: "none"},
 	{Key: "database_url", Flag: "database-url", Env: EnvDatabaseURL, Fallback: EnvDatabaseURLFallback, Default: DefaultDatabaseURL,
 		set: func(c *Config, v string) error { c.DatabaseURL = v; return nil }},
+	{Key: "replication_url", Flag: "replication-url", Env: EnvReplicationURL, Default: "the database URL",
+		set: func(c *Config, v string) error { c.ReplicationURL = v; return nil }},
 	{Key: "redis_url", Flag: "redis-url", Env: EnvRedisURL, Fallback: EnvRedisURLFallback, Default: DefaultRedisURL,
 		set: func(c *Config, v string) error { c.RedisURL = v; return nil }},
 	{Key: "slot", Flag: "slot", Env: EnvSlot, Default: DefaultSlot,

@@ -97,16 +97,23 @@ func (c *Config) Validate() error {
 		ps = append(ps, Problem{Field: field, Msg: fmt.Sprintf(format, args...)})
 	}
 
-	if c.DatabaseURL == "" {
-		add("database_url", "required")
-	} else if strings.Contains(c.DatabaseURL, "://") {
+	checkPGURL := func(field, v string) {
+		if !strings.Contains(v, "://") {
+			return
+		}
 		// The URL is never repeated: it may hold a password.
-		if u, err := url.Parse(c.DatabaseURL); err != nil {
-			add("database_url", "not a valid URL")
+		if u, err := url.Parse(v); err != nil {
+			add(field, "not a valid URL")
 		} else if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-			add("database_url", "scheme %q is not postgres:// or postgresql://", u.Scheme)
+			add(field, "scheme %q is not postgres:// or postgresql://", u.Scheme)
 		}
 	}
+	if c.DatabaseURL == "" {
+		add("database_url", "required")
+	} else {
+		checkPGURL("database_url", c.DatabaseURL)
+	}
+	checkPGURL("replication_url", c.ReplicationURL)
 	if c.RedisURL == "" {
 		add("redis_url", "required")
 	} else {

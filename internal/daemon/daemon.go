@@ -179,6 +179,7 @@ func New(opt Options) (*Daemon, error) {
 	for k, v := range SessionSettings {
 		pcfg.ConnConfig.RuntimeParams[k] = v
 	}
+	cfg.ApplyQueryExecMode(pcfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("create postgres pool: %w", err)
@@ -250,6 +251,7 @@ func fatal(err error) bool {
 		errors.Is(err, state.ErrNotClaimed) ||
 		errors.Is(err, cdc.ErrSlotMissing) ||
 		errors.Is(err, buffer.ErrOtherDeployment) ||
+		errors.Is(err, cdc.ErrPooler) ||
 		isSlotLost(err)
 }
 

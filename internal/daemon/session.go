@@ -103,7 +103,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	}
 	silence := d.streamTimeout(ctx)
 	stream, err := cdc.Connect(ctx, cdc.StreamConfig{
-		ConnString:     d.cfg.DatabaseURL,
+		ConnString:     d.cfg.ReplicationConnString(),
 		Slot:           d.cfg.Slot,
 		Publication:    d.cfg.Publication,
 		StartLSN:       w,

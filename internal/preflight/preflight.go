@@ -147,16 +147,9 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 		return nil, fmt.Errorf("validate config: %w", err)
 	}
 
-	pcfg, err := pgx.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
-	}
 	// The daemon's own session settings, so that the checks see what it
 	// will (a role's statement_timeout of 1 ms fails neither).
-	for k, v := range config.PostgresSessionSettings {
-		pcfg.RuntimeParams[k] = v
-	}
-	conn, err := pgx.ConnectConfig(ctx, pcfg)
+	conn, err := cfg.ConnectSQLWith(ctx, config.PostgresSessionSettings)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
@@ -165,7 +158,9 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	r := &run{ctx: ctx, conn: conn, cfg: cfg, log: log, tables: map[string]*table{}, quoted: map[string]string{}}
 	steps := []func() error{
 		r.checkServer,
+		r.checkProvider,
 		r.checkRole,
+		r.checkOwnerSteps,
 		r.checkCounters,
 		r.checkPublication,
 		r.checkSlot,

@@ -327,7 +327,8 @@ func TestRole(t *testing.T) {
 		p = want(t, findings, preflight.CheckPrivilege, preflight.Problem, "lacks SELECT on public.likes")
 		wantFix(t, p, "GRANT SELECT ON public.likes TO "+role+"; GRANT SELECT (id, likes_count), UPDATE (likes_count) ON public.posts TO "+role+";")
 		p = want(t, findings, preflight.CheckCheckpoint, preflight.Problem, "may not use walcount's state: it lacks USAGE on schema walcount")
-		wantFix(t, p, "GRANT USAGE ON SCHEMA walcount TO "+role+"; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO "+role+"; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO "+role+";")
+		wantFix(t, p, "GRANT USAGE ON SCHEMA walcount TO "+role+"; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO "+role+"; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO "+role+"; "+
+			"ALTER DEFAULT PRIVILEGES IN SCHEMA walcount GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO "+role+"; ALTER DEFAULT PRIVILEGES IN SCHEMA walcount GRANT USAGE, SELECT ON SEQUENCES TO "+role+";")
 	})
 
 	t.Run("with REPLICATION and grants", func(t *testing.T) {

@@ -51,6 +51,10 @@ type Options struct {
 	// FixReplicaIdentity sets REPLICA IDENTITY FULL on sources whose
 	// identity does not carry the counters' columns.
 	FixReplicaIdentity bool
+	// SlotConn, when set, creates and drops the slot: a connection to
+	// replication_url, when database_url goes through a pooler. nil means
+	// the connection setup runs on.
+	SlotConn *pgx.Conn
 	// PrintSQL writes the statements to Out instead of running them.
 	PrintSQL bool
 	Out      io.Writer
@@ -121,13 +125,10 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 		}
 	}
 
-	s := &statements{conn: conn, print: opt.PrintSQL, out: opt.Out, res: &res}
 	if opt.PrintSQL {
-		if err := s.prepare(ctx, cfg, version, opt); err != nil {
-			return res, err
-		}
-		return res, s.slot(ctx, cfg, version, opt)
+		return res, printSQL(ctx, conn, cfg, version, opt, &res)
 	}
+	s := &statements{conn: conn, out: opt.Out, res: &res}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		s.tx = tx
 		return s.prepare(ctx, cfg, version, opt)
@@ -135,6 +136,9 @@ func Run(ctx context.Context, conn *pgx.Conn, opt Options) (Result, error) {
 	s.tx = nil
 	if err != nil {
 		return res, err
+	}
+	if s.ownerNeeded != nil {
+		return res, s.ownerNeeded
 	}
 	return res, s.slot(ctx, cfg, version, opt)
 }
@@ -169,6 +173,9 @@ type statements struct {
 	print bool
 	out   io.Writer
 	res   *Result
+	// ownerNeeded is set when the publication needs the owner: setup
+	// commits the rest and stops before the slot.
+	ownerNeeded *OwnerNeededError
 }
 
 func (s *statements) exec(ctx context.Context, sql string, args ...any) error {
@@ -259,6 +266,38 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 			return err
 		}
 	}
+	if !matches && !s.print {
+		// CREATE PUBLICATION needs the ownership of every table;
+		// ALTER PUBLICATION that of the publication too. When walcount's
+		// role lacks it, the state schema and the claims are still made
+		// (the owner's SQL names walcount.messages), and the slot is not:
+		// pgoutput could not decode the changes before the publication.
+		missing, err := notOwned(ctx, q, publicationTables(tables))
+		if err != nil {
+			return err
+		}
+		if pubExists {
+			owns, _, err := ownsPublication(ctx, q, cfg.Publication)
+			if err != nil {
+				return err
+			}
+			if !owns {
+				missing = append([]string{"publication " + pgx.Identifier{cfg.Publication}.Sanitize()}, missing...)
+			}
+		}
+		if len(missing) > 0 {
+			user, err := currentUser(ctx, q)
+			if err != nil {
+				return err
+			}
+			step := "CREATE PUBLICATION " + pgx.Identifier{cfg.Publication}.Sanitize()
+			if pubExists {
+				step = "ALTER PUBLICATION " + pgx.Identifier{cfg.Publication}.Sanitize() + " (it does not hold exactly what walcount needs)"
+			}
+			s.ownerNeeded = &OwnerNeededError{Step: step, Owned: missing, Role: user, Hint: ownerHint}
+			matches = true // nothing to run here
+		}
+	}
 	switch {
 	case matches:
 		// Never altered: that needs the owner of every table in it.
@@ -302,9 +341,13 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			return err
 		}
 	}
+	slotConn := s.conn
+	if opt.SlotConn != nil {
+		slotConn = opt.SlotConn
+	}
 	if slotExists && opt.RecreateSlot {
-		if err := s.exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
-			return err
+		if _, err := slotConn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
+			return fmt.Errorf("drop replication slot %q: %w", cfg.Slot, err)
 		}
 		slotExists = false
 	}
@@ -316,8 +359,8 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			return nil
 		}
 		var lsn state.LSN
-		stopWatch := watchSlotCreation(ctx, cfg.DatabaseURL, cfg.Slot, s.conn.PgConn().PID(), opt.Waits)
-		err := s.conn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn)
+		stopWatch := watchSlotCreation(ctx, cfg.DatabaseURL, cfg.Slot, slotConn.PgConn().PID(), opt.Waits)
+		err := slotConn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn)
 		stopWatch()
 		if err != nil {
 			return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
@@ -393,7 +436,7 @@ func (s *statements) fixIdentity(ctx context.Context, counters []counter.Counter
 	if s.tx != nil {
 		q = s.tx
 	}
-	var fixed []string
+	var fixed, notOwned []string
 	for _, src := range slices.Sorted(maps.Keys(need)) {
 		// A partitioned table's changes are decoded per partition, with
 		// each partition's own identity: fix the leaves too.
@@ -403,7 +446,8 @@ SELECT n.nspname::text, c.relname::text, c.relreplident::text,
                WHERE NOT EXISTS (
                  SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
                  WHERE i.indrelid = c.oid AND a.attname = w.name
-                   AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))))
+                   AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)))),
+       pg_has_role(current_user, c.relowner, 'USAGE')
 FROM (SELECT to_regclass($1) AS relid, 0 AS level
       UNION ALL
       SELECT relid, level FROM pg_partition_tree(to_regclass($1)) WHERE isleaf AND level > 0) p
@@ -415,11 +459,12 @@ ORDER BY p.level, 1`, src, need[src])
 		type rel struct {
 			name, ident string
 			missing     bool
+			owned       bool
 		}
 		rels, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (rel, error) {
 			var r rel
 			var schema, table string
-			err := row.Scan(&schema, &table, &r.ident, &r.missing)
+			err := row.Scan(&schema, &table, &r.ident, &r.missing, &r.owned)
 			r.name = pgx.Identifier{schema, table}.Sanitize()
 			return r, err
 		})
@@ -434,6 +479,10 @@ ORDER BY p.level, 1`, src, need[src])
 			if r.ident == "f" || !r.missing {
 				continue
 			}
+			if !r.owned && !s.print {
+				notOwned = append(notOwned, r.name)
+				continue
+			}
 			if err := s.exec(ctx, fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL", r.name)); err != nil {
 				return nil, err
 			}
@@ -442,6 +491,14 @@ ORDER BY p.level, 1`, src, need[src])
 		if changed {
 			fixed = append(fixed, src)
 		}
+	}
+	if len(notOwned) > 0 {
+		user, err := currentUser(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		return nil, &OwnerNeededError{Step: "ALTER TABLE … REPLICA IDENTITY FULL", Owned: notOwned, Role: user,
+			Hint: "run walcount setup --print-sql --fix-replica-identity (with walcount's configuration) and have the owner run its output once with psql -v ON_ERROR_STOP=1 -f, then run walcount setup again"}
 	}
 	return fixed, nil
 }

@@ -383,7 +383,7 @@ func TestTeardown(t *testing.T) {
 	}
 
 	for range 2 { // idempotent
-		if err := setup.Teardown(ctx, f.conn, rdb, f.slot, "walcount"); err != nil {
+		if _, err := setup.Teardown(ctx, f.conn, rdb, f.slot, "walcount"); err != nil {
 			t.Fatalf("teardown: %v", err)
 		}
 	}
@@ -487,6 +487,17 @@ func TestSetupWithoutCreateOnTheDatabase(t *testing.T) {
 	if _, err := setup.Run(context.Background(), conn, opt); err != nil {
 		t.Fatalf("setup by a role without CREATE on the database, once the schema exists: %v", err)
 	}
+	// A later migration's table, made by the state's owner, needs no new
+	// GRANT: the default privileges give it.
+	f.exec(t, "CREATE TABLE walcount.later_migration (id bigserial PRIMARY KEY)")
+	for _, priv := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
+		if got := f.query(t, "SELECT has_table_privilege($1, 'walcount.later_migration', $2)::text", role, priv); got != "true" {
+			t.Errorf("%s on a later migration's table: %s", priv, got)
+		}
+	}
+	if got := f.query(t, "SELECT has_sequence_privilege($1, 'walcount.later_migration_id_seq', 'USAGE')::text", role); got != "true" {
+		t.Errorf("USAGE on a later migration's sequence: %s", got)
+	}
 }
 
 // TestSecondSlotOnAColumnIsRefused: one slot keeps each counter column; a
@@ -508,7 +519,7 @@ func TestSecondSlotOnAColumnIsRefused(t *testing.T) {
 		t.Fatal("the refused second setup created a slot")
 	}
 	// Tearing the second deployment down touches nothing of the first.
-	if err := setup.Teardown(context.Background(), f.conn, nil, second.Config.Slot, second.Config.Publication); err != nil {
+	if _, err := setup.Teardown(context.Background(), f.conn, nil, second.Config.Slot, second.Config.Publication); err != nil {
 		t.Fatal(err)
 	}
 	for what, sql := range map[string]string{
@@ -527,7 +538,7 @@ func TestSecondSlotOnAColumnIsRefused(t *testing.T) {
 	other := f.opts(comments)
 	other.Config.Slot, other.Config.Publication = f.slot+"_c", "walcount_c"
 	f.run(t, other)
-	if err := setup.Teardown(context.Background(), f.conn, nil, f.slot, "walcount"); err != nil {
+	if _, err := setup.Teardown(context.Background(), f.conn, nil, f.slot, "walcount"); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.query(t, "SELECT count(*)::text FROM walcount.checkpoint WHERE slot_name = $1", other.Config.Slot); n != "1" {

@@ -1,0 +1,57 @@
+package config
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PooledSQL reports whether the SQL connections go through a connection
+// pooler: replication_url is set to another URL than database_url (a
+// replication connection cannot be pooled, so a pooled database_url needs
+// one). pgx's default query mode prepares named statements, which
+// PgBouncer in transaction mode (before 1.21) does not keep: the statement
+// is prepared on one server connection and executed on another. A pooled
+// database_url therefore gets QueryExecModeCacheDescribe (unnamed
+// statements, descriptions cached, still one round trip), unless its own
+// default_query_exec_mode says otherwise. Direct connections keep pgx's
+// default.
+func (c Config) PooledSQL() bool {
+	return c.ReplicationURL != "" && c.ReplicationURL != c.DatabaseURL
+}
+
+// ApplyQueryExecMode sets cc's query mode for a pooled database_url (see
+// PooledSQL), unless the URL sets default_query_exec_mode itself.
+func (c Config) ApplyQueryExecMode(cc *pgx.ConnConfig) {
+	if c.PooledSQL() && !strings.Contains(c.DatabaseURL, "default_query_exec_mode") {
+		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+}
+
+// ConnectSQL opens an SQL connection to database_url for the one-shot
+// commands (check, setup, teardown): it uses QueryExecModeCacheDescribe
+// whether or not the URL names a pooler, unless the URL sets
+// default_query_exec_mode, so that they work through PgBouncer in
+// transaction mode even before replication_url is set, and check can say
+// what is wrong. They run a few dozen statements: the mode costs them
+// nothing that matters.
+func (c Config) ConnectSQL(ctx context.Context) (*pgx.Conn, error) {
+	return c.ConnectSQLWith(ctx, nil)
+}
+
+// ConnectSQLWith is ConnectSQL with runtime parameters sent at connection
+// start (they win over the database's and the role's settings).
+func (c Config) ConnectSQLWith(ctx context.Context, params map[string]string) (*pgx.Conn, error) {
+	cc, err := pgx.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range params {
+		cc.RuntimeParams[k] = v
+	}
+	if !strings.Contains(c.DatabaseURL, "default_query_exec_mode") {
+		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	return pgx.ConnectConfig(ctx, cc)
+}
