@@ -18,10 +18,13 @@ var ErrPooler = errors.New("the replication connection reached a connection pool
 const PoolerFix = "point replication_url (--replication-url, WALCOUNT_REPLICATION_URL) at PostgreSQL itself, not at the pooler; database_url may stay on the pooler"
 
 // IsPoolerRefusal reports whether err is a pooler's refusal of a
-// replication connection.
+// replication connection. PgBouncer refuses the first startup parameter it
+// does not know ("unsupported startup parameter: replication", or one of
+// the session settings walcount sends first); PostgreSQL itself never says
+// that.
 func IsPoolerRefusal(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.Contains(pgErr.Message, "unsupported startup parameter: replication")
+	return errors.As(err, &pgErr) && strings.Contains(pgErr.Message, "unsupported startup parameter")
 }
 
 // poolerError wraps a pooler's refusal in ErrPooler, with the fix.

@@ -41,17 +41,27 @@ func (c Config) ConnectSQL(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // ConnectSQLWith is ConnectSQL with runtime parameters sent at connection
-// start (they win over the database's and the role's settings).
+// start (they win over the database's and the role's settings). A server
+// that refuses them as startup parameters is a pooler (PgBouncer answers
+// "unsupported startup parameter"): the connection is opened again
+// without them.
 func (c Config) ConnectSQLWith(ctx context.Context, params map[string]string) (*pgx.Conn, error) {
-	cc, err := pgx.ParseConfig(c.DatabaseURL)
-	if err != nil {
-		return nil, err
+	connect := func(params map[string]string) (*pgx.Conn, error) {
+		cc, err := pgx.ParseConfig(c.DatabaseURL)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range params {
+			cc.RuntimeParams[k] = v
+		}
+		if !strings.Contains(c.DatabaseURL, "default_query_exec_mode") {
+			cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		}
+		return pgx.ConnectConfig(ctx, cc)
 	}
-	for k, v := range params {
-		cc.RuntimeParams[k] = v
+	conn, err := connect(params)
+	if err != nil && len(params) > 0 && strings.Contains(err.Error(), "unsupported startup parameter") {
+		return connect(nil)
 	}
-	if !strings.Contains(c.DatabaseURL, "default_query_exec_mode") {
-		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
-	}
-	return pgx.ConnectConfig(ctx, cc)
+	return conn, err
 }

@@ -149,3 +149,17 @@ var PostgresSessionSettings = map[string]string{
 	"statement_timeout":                   "0",
 	"idle_in_transaction_session_timeout": "60s",
 }
+
+// SessionSettings returns the startup settings for c's SQL connections:
+// PostgresSessionSettings, or none when database_url goes through a pooler
+// (PooledSQL). PgBouncer refuses unknown startup parameters, and a
+// session's settings would not follow a transaction from one server
+// connection to the next anyway; the flush still sets its own bounds in
+// each of its transactions, but other statements then run with the role's
+// settings.
+func (c Config) SessionSettings() map[string]string {
+	if c.PooledSQL() {
+		return nil
+	}
+	return PostgresSessionSettings
+}

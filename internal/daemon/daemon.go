@@ -45,9 +45,6 @@ var (
 	_ sink.Buffer       = (*buffer.Redis)(nil)
 )
 
-// SessionSettings are the settings of every connection of the daemon's
-// pool (config.PostgresSessionSettings).
-var SessionSettings = config.PostgresSessionSettings
 
 // Options configure a Daemon.
 type Options struct {
@@ -176,7 +173,7 @@ func New(opt Options) (*Daemon, error) {
 	// start win over those of the database and the role (ALTER ROLE ...
 	// SET lock_timeout = '1ms' must not wedge it). The flush sets tighter
 	// ones in its transaction (sink.Options).
-	for k, v := range SessionSettings {
+	for k, v := range cfg.SessionSettings() {
 		pcfg.ConnConfig.RuntimeParams[k] = v
 	}
 	cfg.ApplyQueryExecMode(pcfg.ConnConfig)

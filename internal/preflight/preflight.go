@@ -149,7 +149,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 
 	// The daemon's own session settings, so that the checks see what it
 	// will (a role's statement_timeout of 1 ms fails neither).
-	conn, err := cfg.ConnectSQLWith(ctx, config.PostgresSessionSettings)
+	conn, err := cfg.ConnectSQLWith(ctx, cfg.SessionSettings())
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
