@@ -45,7 +45,6 @@ var (
 	_ sink.Buffer       = (*buffer.Redis)(nil)
 )
 
-
 // Options configure a Daemon.
 type Options struct {
 	Config config.Config
