@@ -686,7 +686,24 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 	if run.Keys == nil {
 		p.sv = newSurvey(sql)
 	}
-	return p.execute(ctx)
+	p.backfill = run.Kind == state.KindBackfill
+	checked, corrected := run.KeysChecked, run.Corrected
+	if err := p.execute(ctx); err != nil {
+		return err
+	}
+	// One line per counter: a backfill's corrections are its first count,
+	// a reconcile's are drift (WARN when it found any).
+	fields := []zap.Field{zap.Int64("run", run.ID), zap.String("counter", c.Name),
+		zap.Int64("keys_checked", run.KeysChecked-checked), zap.Int64("corrected", run.Corrected-corrected)}
+	switch {
+	case p.backfill:
+		r.log.Info("counter backfilled", fields...)
+	case run.Corrected > corrected:
+		r.log.Warn("counter reconciled", append(fields, zap.Int64("not_logged", p.notLogged))...)
+	default:
+		r.log.Info("counter reconciled", fields...)
+	}
+	return nil
 }
 
 // reconcilerIO is a pass's way to the stream and the database.
