@@ -97,8 +97,8 @@ type pass struct {
 	// second); notLogged counts the corrections it kept quiet.
 	logs      driftLogLimit
 	notLogged int64
-	size    int // keys per batch
-	pacer   *Pacer
+	size      int // keys per batch
+	pacer     *Pacer
 	// sv surveys a full run; keys is the sorted key list of a run limited
 	// to some keys (sv is nil then).
 	sv   *survey
