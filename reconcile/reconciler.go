@@ -612,7 +612,7 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	}
 	r.finish(run)
 	r.log.Info("reconciliation done", zap.Int64("run", run.ID), zap.Int64("keys_checked", run.KeysChecked),
-		zap.Int64("drifted", run.Drifted), zap.Int64("corrected", run.Corrected), zap.Duration("took", time.Since(start)))
+		zap.Int64("drifted", run.Drifted), zap.Int64("corrected", run.Corrected), zap.Duration("took_seconds", time.Since(start)))
 	return nil
 }
 

@@ -204,6 +204,9 @@ func newLogger(level, format string) (*zap.Logger, error) {
 	default:
 		return nil, usageError{fmt.Errorf("--log-format: %q is not one of auto, console, json", format)}
 	}
+	// Durations are logged as seconds, under keys ending in _seconds
+	// (took_seconds, retry_in_seconds), in both formats.
+	cfg.EncoderConfig.EncodeDuration = zapcore.SecondsDurationEncoder
 	cfg.DisableStacktrace = true
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	return cfg.Build(zap.AddStacktrace(zapcore.DPanicLevel))
