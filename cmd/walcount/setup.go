@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"go.uber.org/zap"
+
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
@@ -105,7 +107,9 @@ func newTeardownCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: err.Error()}}}
 			}
-			rdb := redisconn.New(ropt, nil)
+			// go-redis's lines about failed dials repeat the error
+			// teardown returns; they do not go to stderr.
+			rdb := redisconn.New(ropt, zap.NewNop())
 			defer rdb.Close()
 			if err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication); err != nil {
 				return err
