@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/internal/connerr"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/setup"
 )
@@ -19,7 +19,7 @@ import (
 func connectPG(ctx context.Context, cfg config.Config) (*pgx.Conn, error) {
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %s", redact.URL(cfg.DatabaseURL), redact.URL(err.Error()))
+		return nil, connerr.Postgres(err, cfg.DatabaseURL, cfg.OriginOf("database_url"))
 	}
 	return conn, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"regexp"
 	"strconv"
@@ -61,6 +62,7 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	// origin maps a top-level field (its YAML name) to the flag or variable
 	// that set it, so that a problem can be blamed on the right place.
 	origin := map[string]string{}
+	var fileSet map[string]bool // the file's top-level keys
 
 	// The conventional variables come first, so that the file and
 	// walcount's own variables override them.
@@ -90,6 +92,7 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 		if err != nil {
 			return Config{}, err
 		}
+		fileSet = set
 		for field := range set {
 			delete(origin, field) // the file overrides the fallbacks
 		}
@@ -166,6 +169,11 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	if len(problems) > 0 {
 		return Config{}, &Error{Problems: problems}
 	}
+	cfg.Origin = map[string]string{}
+	for field := range fileSet {
+		cfg.Origin[field] = path
+	}
+	maps.Copy(cfg.Origin, origin)
 	return cfg, nil
 }
 

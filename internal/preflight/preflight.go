@@ -11,6 +11,7 @@ import (
 
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/connerr"
 	"github.com/walcount/walcount/internal/pgversion"
 )
 
@@ -143,7 +144,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 
 	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
+		return nil, connerr.Postgres(err, cfg.DatabaseURL, cfg.OriginOf("database_url"))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
