@@ -221,6 +221,34 @@ func (r *Reconciler) Status() Status {
 	return s
 }
 
+// RunView is one run as GET /v1/reconcile/{id} shows it.
+type RunView struct {
+	RunInfo
+	// ExecutedHere is true when this daemon executes (or executed) the
+	// run; a run queued through a standby is executed by the walcount of
+	// the slot that streams, Owner.
+	ExecutedHere bool `json:"executed_here"`
+	// Streaming says whether this daemon streams, and so may execute runs.
+	Streaming bool `json:"streaming"`
+}
+
+// Lookup returns run id: this daemon's view while it executes it or
+// executed it last (with its drift samples), else the record of the
+// slot's runs, which any walcount of the slot may be executing.
+func (r *Reconciler) Lookup(ctx context.Context, id int64) (RunView, bool, error) {
+	st := r.Status()
+	for _, run := range []*RunInfo{st.Current, st.Last} {
+		if run != nil && run.ID == id {
+			return RunView{RunInfo: *run, ExecutedHere: true, Streaming: r.streaming()}, true, nil
+		}
+	}
+	run, ok, err := r.runs.Get(ctx, id)
+	if err != nil || !ok {
+		return RunView{}, ok, err
+	}
+	return RunView{RunInfo: run, ExecutedHere: run.Owner == r.opt.Owner, Streaming: r.streaming()}, true, nil
+}
+
 // Start queues an on-demand run and returns it. Any walcount of the slot
 // accepts it; the one that streams executes it.
 func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
@@ -617,6 +645,17 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 }
 
 func (r *Reconciler) fail(ctx context.Context, run RunInfo, err error) error {
+	if ctx.Err() != nil {
+		// The daemon stops (SIGTERM): whatever failed failed because of
+		// it. The run stays unfinished, and the walcount that streams
+		// next resumes it (Release hands it over).
+		r.log.Info("reconciliation interrupted; it resumes when a walcount of the slot streams again",
+			zap.Int64("run", run.ID), zap.NamedError("cause", err))
+		r.mu.Lock()
+		r.current = nil
+		r.mu.Unlock()
+		return nil
+	}
 	run.Status = state.StatusFailed
 	run.Error = err.Error()
 	now := time.Now()
