@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -55,12 +56,19 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 		// without arguments the root prints its help, as before.
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usageError{fmt.Errorf("unknown command %q for %q; see walcount --help", args[0], cmd.CommandPath())}
+				// cobra's own "did you mean" suggestions, which its
+				// error for an unknown command would carry.
+				hint := ""
+				if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+					hint = "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t") + "\n"
+				}
+				return usageError{fmt.Errorf("unknown command %q for %q; see walcount --help%s", args[0], cmd.CommandPath(), hint)}
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	root.SuggestionsMinimumDistance = 2
 	root.SetVersionTemplate(versionLine() + "\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	f := root.PersistentFlags()

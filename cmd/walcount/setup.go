@@ -82,7 +82,12 @@ func newTeardownCmd(g *globalFlags) *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
 		Use:   "teardown",
-		Short: "Drop the slot, the publication, walcount's schema and its Redis keys",
+		Short: "Drop the slot, the publication, walcount's schema and its Redis keys (with --yes; without, only lists them)",
+		Long: `walcount teardown drops what walcount setup created: the replication slot, the
+publication, the walcount schema (checkpoint, reconciliation runs, dirty
+marks) and walcount's Redis keys. Without --yes it only lists what it would drop
+and changes nothing; with --yes it drops them. The counter columns keep their
+values.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load(cmd)
 			if err != nil {
