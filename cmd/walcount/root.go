@@ -92,6 +92,7 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 		newReconcileCmd(g),
 		newVersionCmd(),
 		newDemoCmd(g),
+		newConfigCmd(g),
 	)
 	for _, c := range root.Commands() {
 		c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })

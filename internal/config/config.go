@@ -103,14 +103,6 @@ type Config struct {
 // file walcount.yaml" or "default".
 func (c Config) OriginOf(key string) string {
 	o, ok := c.Origin[key]
-	if !ok {
-		if top, _, nested := strings.Cut(key, "."); nested {
-			o, ok = c.Origin[top]
-			if ok && o != c.File {
-				ok = false // a flag or variable sets the nested key only
-			}
-		}
-	}
 	switch {
 	case !ok:
 		return "default"

@@ -265,6 +265,13 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 		m := doc.Content[0]
 		for i := 0; i+1 < len(m.Content); i += 2 {
 			set[m.Content[i].Value] = true
+			// The keys of a block of settings (slot_monitor.poll_interval),
+			// for Config.Origin; a counter's are not settings.
+			if v := m.Content[i+1]; v.Kind == yaml.MappingNode && m.Content[i].Value != "counters" {
+				for j := 0; j+1 < len(v.Content); j += 2 {
+					set[m.Content[i].Value+"."+v.Content[j].Value] = true
+				}
+			}
 		}
 	} else if len(doc.Content) == 1 && !(doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null") {
 		return nil, &Error{Problems: []Problem{{Source: source, Line: doc.Content[0].Line, Msg: "the file must be a mapping of settings"}}}
