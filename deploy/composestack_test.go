@@ -16,10 +16,10 @@ import (
 // composeStack is the part of docker-compose.yml the monitoring tests read.
 type composeStack struct {
 	Services map[string]struct {
-		Image    string   `yaml:"image"`
+		Image    string      `yaml:"image"`
 		Command  commandLine `yaml:"command"`
-		Volumes  []string `yaml:"volumes"`
-		Profiles []string `yaml:"profiles"`
+		Volumes  []string    `yaml:"volumes"`
+		Profiles []string    `yaml:"profiles"`
 	} `yaml:"services"`
 }
 

@@ -105,4 +105,3 @@ func printConfig(out io.Writer, cfg config.Config, fileFrom string) {
 	}
 	_ = tw.Flush()
 }
-
