@@ -83,6 +83,16 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 	f.StringVar(&g.logLevel, "log-level", "", settingHelp("log-level", "debug, info, warn or error"))
 	f.StringVar(&g.logFormat, "log-format", "", settingHelp("log-format", "auto (console on a terminal, JSON otherwise), console or json"))
 
+	// Shell completion (walcount completion SHELL) offers the values of
+	// the settings that have a fixed set.
+	fixed := func(values ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			return values, cobra.ShellCompDirectiveNoFileComp
+		}
+	}
+	_ = root.RegisterFlagCompletionFunc("log-level", fixed("debug", "info", "warn", "error"))
+	_ = root.RegisterFlagCompletionFunc("log-format", fixed(config.LogFormatAuto, config.LogFormatConsole, config.LogFormatJSON))
+
 	root.AddCommand(
 		newRunCmd(g),
 		newSetupCmd(g),
@@ -93,6 +103,7 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 		newVersionCmd(),
 		newDemoCmd(g),
 		newConfigCmd(g),
+		newManCmd(),
 	)
 	for _, c := range root.Commands() {
 		c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
