@@ -782,7 +782,7 @@ func (s *Stream) handOver(ctx context.Context, b *Batch) (*Batch, error) {
 		case <-tick.C:
 			if !logged {
 				s.log.Warn("consumer is slow; replication reading is paused (backpressure)",
-					zap.Duration("blocked_for", time.Since(start)), zap.Int("queue", cap(s.out)),
+					zap.Duration("blocked_for_seconds", time.Since(start)), zap.Int("queue", cap(s.out)),
 					zap.Int64("queue_bytes", s.queued.Load()))
 				logged = true
 			}

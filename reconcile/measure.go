@@ -129,7 +129,7 @@ func (r *Reconciler) measure(ctx context.Context, sql *counter.Resolved, rq *rou
 	res.pending, res.moved, res.ws = m.pending, m.moved, ws
 	r.log.Debug("measured", zap.String("counter", m.counter), zap.Int64("range_keys", res.surveyed.n),
 		zap.Int("range_off", len(res.surveyed.off)), zap.Int("keys", len(rq.keys)), zap.Int("pending", len(res.pending)),
-		zap.Duration("m0", took[0]), zap.Duration("checkpoint", took[1]), zap.Duration("read", took[2]), zap.Duration("m1", took[3]))
+		zap.Duration("m0_seconds", took[0]), zap.Duration("checkpoint_seconds", took[1]), zap.Duration("read_seconds", took[2]), zap.Duration("m1_seconds", took[3]))
 	return res, nil
 }
 

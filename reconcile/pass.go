@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -89,8 +90,15 @@ type pass struct {
 	log     *zap.Logger
 	counter string
 	dry     bool
-	size    int // keys per batch
-	pacer   *Pacer
+	// backfill is set for a counter's first count: its corrections are
+	// no drift, and each is logged at debug only.
+	backfill bool
+	// logs limits the per-key lines of a reconcile (a burst, then one a
+	// second); notLogged counts the corrections it kept quiet.
+	logs      driftLogLimit
+	notLogged int64
+	size      int // keys per batch
+	pacer     *Pacer
 	// sv surveys a full run; keys is the sorted key list of a run limited
 	// to some keys (sv is nil then).
 	sv   *survey
@@ -306,11 +314,44 @@ func (p *pass) settle(ctx context.Context, confirmed []confirmedDrift) error {
 func (p *pass) credit() {
 	for _, d := range p.unapplied {
 		d.origin.corrected++
-		p.log.Warn("corrected drift", zap.String("counter", d.Counter), zap.String("key", d.Key),
+		level := zap.WarnLevel
+		if p.backfill || !p.logs.allow(time.Now()) {
+			level = zap.DebugLevel
+			if !p.backfill {
+				p.notLogged++
+			}
+		}
+		p.log.Log(level, "corrected drift", zap.String("counter", d.Counter), zap.String("key", d.Key),
 			zap.Int64("cached", d.Cached), zap.Int64("true", d.True), zap.Int64("correction", d.Correction))
 	}
 	p.io.checked(0, len(p.unapplied))
 	p.unapplied = nil
+}
+
+// DriftLogBurst is how many corrections of a reconcile are logged one by
+// one at WARN before the rate limit (one a second) applies; the rest are
+// at debug, and the counter's summary line says how many.
+const DriftLogBurst = 20
+
+// driftLogLimit is a token bucket of DriftLogBurst tokens refilled at one
+// a second.
+type driftLogLimit struct {
+	tokens float64
+	last   time.Time
+}
+
+func (l *driftLogLimit) allow(now time.Time) bool {
+	if l.last.IsZero() {
+		l.tokens = DriftLogBurst
+	} else {
+		l.tokens = min(DriftLogBurst, l.tokens+now.Sub(l.last).Seconds())
+	}
+	l.last = now
+	if l.tokens < 1 {
+		return false
+	}
+	l.tokens--
+	return true
 }
 
 // recount sets each batch's number of open suspects.

@@ -221,6 +221,34 @@ func (r *Reconciler) Status() Status {
 	return s
 }
 
+// RunView is one run as GET /v1/reconcile/{id} shows it.
+type RunView struct {
+	RunInfo
+	// ExecutedHere is true when this daemon executes (or executed) the
+	// run; a run queued through a standby is executed by the walcount of
+	// the slot that streams, Owner.
+	ExecutedHere bool `json:"executed_here"`
+	// Streaming says whether this daemon streams, and so may execute runs.
+	Streaming bool `json:"streaming"`
+}
+
+// Lookup returns run id: this daemon's view while it executes it or
+// executed it last (with its drift samples), else the record of the
+// slot's runs, which any walcount of the slot may be executing.
+func (r *Reconciler) Lookup(ctx context.Context, id int64) (RunView, bool, error) {
+	st := r.Status()
+	for _, run := range []*RunInfo{st.Current, st.Last} {
+		if run != nil && run.ID == id {
+			return RunView{RunInfo: *run, ExecutedHere: true, Streaming: r.streaming()}, true, nil
+		}
+	}
+	run, ok, err := r.runs.Get(ctx, id)
+	if err != nil || !ok {
+		return RunView{}, ok, err
+	}
+	return RunView{RunInfo: run, ExecutedHere: run.Owner == r.opt.Owner, Streaming: r.streaming()}, true, nil
+}
+
 // Start queues an on-demand run and returns it. Any walcount of the slot
 // accepts it; the one that streams executes it.
 func (r *Reconciler) Start(ctx context.Context, req Request) (RunInfo, error) {
@@ -612,11 +640,22 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	}
 	r.finish(run)
 	r.log.Info("reconciliation done", zap.Int64("run", run.ID), zap.Int64("keys_checked", run.KeysChecked),
-		zap.Int64("drifted", run.Drifted), zap.Int64("corrected", run.Corrected), zap.Duration("took", time.Since(start)))
+		zap.Int64("drifted", run.Drifted), zap.Int64("corrected", run.Corrected), zap.Duration("took_seconds", time.Since(start)))
 	return nil
 }
 
 func (r *Reconciler) fail(ctx context.Context, run RunInfo, err error) error {
+	if ctx.Err() != nil {
+		// The daemon stops (SIGTERM): whatever failed failed because of
+		// it. The run stays unfinished, and the walcount that streams
+		// next resumes it (Release hands it over).
+		r.log.Info("reconciliation interrupted; it resumes when a walcount of the slot streams again",
+			zap.Int64("run", run.ID), zap.NamedError("cause", err))
+		r.mu.Lock()
+		r.current = nil
+		r.mu.Unlock()
+		return nil
+	}
 	run.Status = state.StatusFailed
 	run.Error = err.Error()
 	now := time.Now()
@@ -686,7 +725,24 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 	if run.Keys == nil {
 		p.sv = newSurvey(sql, r.opt.Slot)
 	}
-	return p.execute(ctx)
+	p.backfill = run.Kind == state.KindBackfill
+	checked, corrected := run.KeysChecked, run.Corrected
+	if err := p.execute(ctx); err != nil {
+		return err
+	}
+	// One line per counter: a backfill's corrections are its first count,
+	// a reconcile's are drift (WARN when it found any).
+	fields := []zap.Field{zap.Int64("run", run.ID), zap.String("counter", c.Name),
+		zap.Int64("keys_checked", run.KeysChecked-checked), zap.Int64("corrected", run.Corrected-corrected)}
+	switch {
+	case p.backfill:
+		r.log.Info("counter backfilled", fields...)
+	case run.Corrected > corrected:
+		r.log.Warn("counter reconciled", append(fields, zap.Int64("not_logged", p.notLogged))...)
+	default:
+		r.log.Info("counter reconciled", fields...)
+	}
+	return nil
 }
 
 // reconcilerIO is a pass's way to the stream and the database.

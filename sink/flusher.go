@@ -275,7 +275,7 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 		f.opt.Metrics.Flushes.Inc()
 		f.opt.Metrics.FlushDuration.Observe(time.Since(start).Seconds())
 		f.log.Debug("flushed", zap.String("from", from.String()), zap.String("upto", upto.String()),
-			zap.Int("keys", len(fields)), zap.Duration("took", time.Since(start)))
+			zap.Int("keys", len(fields)), zap.Duration("took_seconds", time.Since(start)))
 	}
 	return true, nil
 }

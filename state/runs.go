@@ -137,6 +137,18 @@ WHERE slot_name = $1 AND status IN ('pending', 'running') ORDER BY id LIMIT 1`, 
 	return r, err == nil, err
 }
 
+// Get returns the run id of this slot; ok is false when there is none.
+func (s Runs) Get(ctx context.Context, id int64) (Run, bool, error) {
+	r, err := scanRun(s.q.QueryRow(ctx, `SELECT `+runCols+` FROM walcount.reconcile_runs WHERE slot_name = $1 AND id = $2`, s.slot, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("read reconcile run %d: %w", id, err)
+	}
+	return r, true, nil
+}
+
 // LastFinished returns when the last run that completed ended.
 func (s Runs) LastFinished(ctx context.Context) (time.Time, bool, error) {
 	var t *time.Time

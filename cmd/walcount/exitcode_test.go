@@ -40,7 +40,7 @@ func TestExitCodesWithoutServers(t *testing.T) {
 		{name: "reconcile with no daemon", env: []string{"WALCOUNT_HTTP_ADDR=" + closed}, args: []string{"reconcile", "--dry-run"},
 			code: exitFailure, says: []string{"no walcount daemon answers at " + closed, "--http-addr or WALCOUNT_HTTP_ADDR"}},
 		{name: "status with no database", args: []string{"status", "--database-url", "postgres://postgres@" + closed + "/app?connect_timeout=5"},
-			code: exitFailure, says: []string{"connect to postgres://postgres@" + closed}},
+			code: exitFailure, says: []string{"cannot connect to PostgreSQL at postgres://postgres@" + closed}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

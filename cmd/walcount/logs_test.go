@@ -129,7 +129,7 @@ func TestRunLogsAreCleanJSON(t *testing.T) {
 	}
 
 	levels := map[string]int{}
-	var warnedOpen bool
+	var warnedOpen, sawInterval, sawTook bool
 	for i, line := range strings.Split(strings.TrimSpace(run.stderr.String()), "\n") {
 		dups, err := duplicateKeys([]byte(line))
 		if err != nil {
@@ -149,6 +149,28 @@ func TestRunLogsAreCleanJSON(t *testing.T) {
 		}
 		lvl, _ := fields["level"].(string)
 		levels[lvl]++
+		// A duration carries its unit in its key: seconds, as a number.
+		for k, v := range fields {
+			if strings.HasSuffix(k, "_seconds") {
+				if _, ok := v.(float64); !ok {
+					t.Errorf("stderr line %d: %s = %v is not a number of seconds: %s", i+1, k, v, line)
+				}
+			}
+			for _, bare := range []string{"took", "retry_in", "flush_interval", "blocked_for"} {
+				if k == bare {
+					t.Errorf("stderr line %d: duration %q without its unit in the key: %s", i+1, k, line)
+				}
+			}
+		}
+		if fi, ok := fields["flush_interval_seconds"]; ok {
+			sawInterval = true
+			if fi != 0.1 {
+				t.Errorf("flush_interval_seconds = %v with --flush-interval 100ms, want 0.1", fi)
+			}
+		}
+		if _, ok := fields["took_seconds"]; ok && fields["msg"] == "flushed" {
+			sawTook = true
+		}
 		if msg, _ := fields["msg"].(string); lvl == "warn" && strings.Contains(msg, "listens beyond loopback without a token") {
 			warnedOpen = true
 		}
@@ -159,6 +181,9 @@ func TestRunLogsAreCleanJSON(t *testing.T) {
 	}
 	if !warnedOpen {
 		t.Error("no warning about the API listening on every interface without a token")
+	}
+	if !sawInterval || !sawTook {
+		t.Errorf("no flush_interval_seconds (%v) or flushed line with took_seconds (%v)", sawInterval, sawTook)
 	}
 }
 

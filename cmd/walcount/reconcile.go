@@ -128,6 +128,10 @@ func runReconcile(ctx context.Context, out io.Writer, api daemonAPI, req reconci
 	var bar *progressbar.ProgressBar
 	lastLine := time.Time{}
 	start := time.Now()
+	// lostSince is when the daemon stopped answering, zero while it
+	// answers; elsewhere is set once the run was said to run elsewhere.
+	var lostSince time.Time
+	elsewhere := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -135,19 +139,49 @@ func runReconcile(ctx context.Context, out io.Writer, api daemonAPI, req reconci
 			return ctx.Err()
 		case <-time.After(300 * time.Millisecond):
 		}
-		st, err := fetchReconcileStatus(ctx, api.addr)
+		view, err := fetchRun(ctx, api.addr, run.ID)
 		if err != nil {
-			return fmt.Errorf("follow reconciliation %d: %w", run.ID, err)
-		}
-		cur := st.Current
-		if cur == nil || cur.ID != run.ID {
-			if st.Last != nil && st.Last.ID == run.ID {
-				if bar != nil {
-					_ = bar.Finish()
-					fmt.Fprintln(out)
-				}
-				return summarize(out, *st.Last, time.Since(start))
+			if ctx.Err() != nil {
+				continue
 			}
+			// The daemon restarts, or stopped: the run is recorded in
+			// PostgreSQL and the walcount that streams from the slot
+			// resumes it. Wait for the daemon to answer again.
+			if lostSince.IsZero() {
+				lostSince = time.Now()
+				fmt.Fprintf(out, "the daemon at %s does not answer (%v); reconciliation %d goes on: it is recorded in the database and the walcount that streams from the slot resumes it. Waiting for the daemon to answer again (Ctrl-C stops watching)\n",
+					api.addr, err, run.ID)
+			} else if time.Since(lostSince) > followGrace {
+				return fmt.Errorf("stopped following reconciliation %d: the daemon at %s has not answered for %s (%v); the run goes on in the walcount that streams from the slot, and walcount status shows it when it ends",
+					run.ID, api.addr, followGrace, err)
+			}
+			continue
+		}
+		if !lostSince.IsZero() {
+			lostSince = time.Time{}
+			fmt.Fprintf(out, "the daemon at %s answers again; following reconciliation %d\n", api.addr, run.ID)
+		}
+		cur := view.RunInfo
+		if cur.Status == state.StatusDone || cur.Status == state.StatusFailed {
+			if bar != nil {
+				_ = bar.Finish()
+				fmt.Fprintln(out)
+			}
+			return summarize(out, cur, time.Since(start))
+		}
+		if !view.ExecutedHere && !elsewhere && (cur.Owner != "" || !view.Streaming) {
+			elsewhere = true
+			by := "the walcount that streams from the slot"
+			if cur.Owner != "" {
+				by += " (" + cur.Owner + ")"
+			}
+			why := ""
+			if !view.Streaming {
+				why = fmt.Sprintf(": the daemon at %s does not stream (a standby waits for the slot)", api.addr)
+			}
+			fmt.Fprintf(out, "reconciliation %d is executed by %s%s; following it\n", run.ID, by, why)
+		}
+		if cur.Status != state.StatusRunning {
 			continue // still queued behind another run
 		}
 		if tty {
@@ -168,6 +202,52 @@ func runReconcile(ctx context.Context, out io.Writer, api daemonAPI, req reconci
 			fmt.Fprintf(out, "checked %d/%d keys, %d drifted, %d corrected\n", cur.KeysChecked, cur.Total, cur.Drifted, cur.Corrected)
 		}
 	}
+}
+
+// followGrace is how long walcount reconcile waits for a daemon that
+// stopped answering while it follows a run (a restart) before it gives up
+// watching; the run itself goes on.
+const followGrace = 2 * time.Minute
+
+// fetchRun reads GET /v1/reconcile/{id}: any walcount of the slot answers
+// it, from its own view or from the slot's records.
+func fetchRun(ctx context.Context, addr string, id int64) (reconcile.RunView, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/v1/reconcile/%d", addr, id), nil)
+	if err != nil {
+		return reconcile.RunView{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return reconcile.RunView{}, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return reconcile.RunView{}, err
+	}
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+		// A daemon without GET /v1/reconcile/{id}: what /status shows.
+		st, err := fetchReconcileStatus(ctx, addr)
+		if err != nil {
+			return reconcile.RunView{}, err
+		}
+		for _, r := range []*reconcile.RunInfo{st.Current, st.Last} {
+			if r != nil && r.ID == id {
+				return reconcile.RunView{RunInfo: *r, ExecutedHere: true, Streaming: true}, nil
+			}
+		}
+		return reconcile.RunView{RunInfo: reconcile.RunInfo{ID: id, Status: state.StatusPending}, ExecutedHere: true, Streaming: true}, nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		return reconcile.RunView{}, fmt.Errorf("GET /v1/reconcile/%d: %s: %s", id, resp.Status, bytes.TrimSpace(data))
+	}
+	var v reconcile.RunView
+	if err := json.Unmarshal(data, &v); err != nil {
+		return reconcile.RunView{}, fmt.Errorf("parse run %d: %w", id, err)
+	}
+	return v, nil
 }
 
 func fetchReconcileStatus(ctx context.Context, addr string) (reconcile.Status, error) {

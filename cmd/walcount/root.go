@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -57,12 +58,19 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 		// without arguments the root prints its help, as before.
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usageError{fmt.Errorf("unknown command %q for %q; see walcount --help", args[0], cmd.CommandPath())}
+				// cobra's own "did you mean" suggestions, which its
+				// error for an unknown command would carry.
+				hint := ""
+				if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+					hint = "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t") + "\n"
+				}
+				return usageError{fmt.Errorf("unknown command %q for %q; see walcount --help%s", args[0], cmd.CommandPath(), hint)}
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	root.SuggestionsMinimumDistance = 2
 	root.SetVersionTemplate(versionLine() + "\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	f := root.PersistentFlags()
@@ -78,6 +86,16 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 	f.StringVar(&g.logLevel, "log-level", "", settingHelp("log-level", "debug, info, warn or error"))
 	f.StringVar(&g.logFormat, "log-format", "", settingHelp("log-format", "auto (console on a terminal, JSON otherwise), console or json"))
 
+	// Shell completion (walcount completion SHELL) offers the values of
+	// the settings that have a fixed set.
+	fixed := func(values ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			return values, cobra.ShellCompDirectiveNoFileComp
+		}
+	}
+	_ = root.RegisterFlagCompletionFunc("log-level", fixed("debug", "info", "warn", "error"))
+	_ = root.RegisterFlagCompletionFunc("log-format", fixed(config.LogFormatAuto, config.LogFormatConsole, config.LogFormatJSON))
+
 	root.AddCommand(
 		newRunCmd(g),
 		newSetupCmd(g),
@@ -88,6 +106,8 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 		newVersionCmd(),
 		newHealthcheckCmd(g),
 		newDemoCmd(g),
+		newConfigCmd(g),
+		newManCmd(),
 	)
 	for _, c := range root.Commands() {
 		c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
@@ -211,6 +231,9 @@ func newLogger(level, format string) (*zap.Logger, error) {
 	default:
 		return nil, usageError{fmt.Errorf("--log-format: %q is not one of auto, console, json", format)}
 	}
+	// Durations are logged as seconds, under keys ending in _seconds
+	// (took_seconds, retry_in_seconds), in both formats.
+	cfg.EncoderConfig.EncodeDuration = zapcore.SecondsDurationEncoder
 	cfg.DisableStacktrace = true
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	return cfg.Build(zap.AddStacktrace(zapcore.DPanicLevel))

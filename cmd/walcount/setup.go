@@ -8,7 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"go.uber.org/zap"
+
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/connerr"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/setup"
@@ -17,7 +20,7 @@ import (
 func connectPG(ctx context.Context, cfg config.Config) (*pgx.Conn, error) {
 	conn, err := cfg.ConnectSQL(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %s", redact.URL(cfg.DatabaseURL), redact.URL(err.Error()))
+		return nil, connerr.Postgres(err, cfg.DatabaseURL, cfg.OriginOf("database_url"))
 	}
 	return conn, nil
 }
@@ -97,7 +100,12 @@ func newTeardownCmd(g *globalFlags) *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
 		Use:   "teardown",
-		Short: "Drop the slot, the publication, walcount's schema and its Redis keys",
+		Short: "Drop the slot, the publication, walcount's schema and its Redis keys (with --yes; without, only lists them)",
+		Long: `walcount teardown drops what walcount setup created: the replication slot, the
+publication, the walcount schema (checkpoint, reconciliation runs, dirty
+marks) and walcount's Redis keys. Without --yes it only lists what it would drop
+and changes nothing; with --yes it drops them. The counter columns keep their
+values.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load(cmd)
 			if err != nil {
@@ -122,7 +130,9 @@ func newTeardownCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: err.Error()}}}
 			}
-			rdb := redisconn.New(ropt, nil)
+			// go-redis's lines about failed dials repeat the error
+			// teardown returns; they do not go to stderr.
+			rdb := redisconn.New(ropt, zap.NewNop())
 			defer rdb.Close()
 			res, err := setup.Teardown(ctx, conn, rdb, cfg.Slot, cfg.Publication)
 			if err != nil {

@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redact"
@@ -43,6 +45,9 @@ type statusReport struct {
 	Warnings        []string              `json:"warnings,omitempty"`
 }
 
+// statusRedisTimeout bounds each of status's reads of Redis.
+const statusRedisTimeout = 2 * time.Second
+
 func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON bool) error {
 	conn, err := connectPG(ctx, cfg)
 	if err != nil {
@@ -71,20 +76,25 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 		// A parse error may quote the URL, password included.
 		r.RedisError = redact.URL(err.Error())
 	} else {
-		rdb := redisconn.New(ropt, nil)
+		// A report reads Redis once: no retries with backoff, and
+		// go-redis's own lines about failed dials (the report says it)
+		// go nowhere instead of to stderr.
+		rdb := redisconn.New(ropt.WithTimeout(statusRedisTimeout), zap.NewNop())
 		defer rdb.Close()
 		buf := buffer.New(rdb, cfg.Slot)
 		if meta, err := buf.Meta(ctx); err != nil {
 			r.RedisError = redact.URL(err.Error())
-		} else if meta.Exists {
-			r.RedisLSN = meta.LSN.String()
-			r.FlushInProgress = meta.Flushing
-			if n, err := buf.Len(ctx); err == nil {
-				r.BufferKeys = &n
+		} else {
+			if meta.Exists {
+				r.RedisLSN = meta.LSN.String()
+				r.FlushInProgress = meta.Flushing
+				if n, err := buf.Len(ctx); err == nil {
+					r.BufferKeys = &n
+				}
 			}
-		}
-		if ev, err := buffer.ReadEviction(ctx, rdb); err == nil && ev.Risky() {
-			r.RedisEviction = ev.String() + "; fix: " + buffer.EvictionFix
+			if ev, err := buffer.ReadEviction(ctx, rdb); err == nil && ev.Risky() {
+				r.RedisEviction = ev.String() + "; fix: " + buffer.EvictionFix
+			}
 		}
 	}
 	if cfg.HTTPAddr != "" {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strings"
 	"time"
 
 	"github.com/walcount/walcount/counter"
@@ -101,6 +102,28 @@ type Config struct {
 	// given. It is not a setting: it lets messages say whether a value
 	// came from a file or from the defaults.
 	File string `yaml:"-"`
+	// Origin maps a setting's key (database_url, reconcile.max_keys_per_second;
+	// a key of the file: slot_monitor, counters) to where Load took it
+	// from: a flag (--slot), an environment variable (WALCOUNT_SLOT) or
+	// the file (its path). A key it lacks has its default. See OriginOf.
+	Origin map[string]string `yaml:"-"`
+}
+
+// OriginOf says where the setting key came from, for messages: "flag
+// --database-url", "environment variable WALCOUNT_DATABASE_URL", "config
+// file walcount.yaml" or "default".
+func (c Config) OriginOf(key string) string {
+	o, ok := c.Origin[key]
+	switch {
+	case !ok:
+		return "default"
+	case strings.HasPrefix(o, "--"):
+		return "flag " + o
+	case o == c.File && c.File != "":
+		return "config file " + o
+	default:
+		return "environment variable " + o
+	}
 }
 
 // RedisTLS are the TLS settings of a rediss, rediss+cluster or

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +64,7 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	// origin maps a top-level field (its YAML name) to the flag or variable
 	// that set it, so that a problem can be blamed on the right place.
 	origin := map[string]string{}
+	var fileSet map[string]bool // the file's top-level keys
 
 	// The conventional variables come first, so that the file and
 	// walcount's own variables override them.
@@ -91,6 +94,7 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 		if err != nil {
 			return Config{}, err
 		}
+		fileSet = set
 		for field := range set {
 			delete(origin, field) // the file overrides the fallbacks
 		}
@@ -168,6 +172,11 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	if len(problems) > 0 {
 		return Config{}, &Error{Problems: problems}
 	}
+	cfg.Origin = map[string]string{}
+	for field := range fileSet {
+		cfg.Origin[field] = path
+	}
+	maps.Copy(cfg.Origin, origin)
 	return cfg, nil
 }
 
@@ -253,13 +262,20 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 	// overrides the environment even when its value equals the default).
 	var doc yaml.Node
 	if err := yaml.Unmarshal(expanded, &doc); err != nil {
-		return nil, yamlError(source, err)
+		return nil, indentationLine(yamlError(source, err), expanded)
 	}
 	set := map[string]bool{}
 	if len(doc.Content) == 1 && doc.Content[0].Kind == yaml.MappingNode {
 		m := doc.Content[0]
 		for i := 0; i+1 < len(m.Content); i += 2 {
 			set[m.Content[i].Value] = true
+			// The keys of a block of settings (slot_monitor.poll_interval),
+			// for Config.Origin; a counter's are not settings.
+			if v := m.Content[i+1]; v.Kind == yaml.MappingNode && m.Content[i].Value != "counters" {
+				for j := 0; j+1 < len(v.Content); j += 2 {
+					set[m.Content[i].Value+"."+v.Content[j].Value] = true
+				}
+			}
 		}
 	} else if len(doc.Content) == 1 && !(doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null") {
 		return nil, &Error{Problems: []Problem{{Source: source, Line: doc.Content[0].Line, Msg: "the file must be a mapping of settings"}}}
@@ -431,6 +447,85 @@ func yamlError(source string, err error) error {
 		ce.Problems = append(ce.Problems, p)
 	}
 	return ce
+}
+
+// indentationMessages are go-yaml's complaints about a line indented
+// wrong, which it reports at the line where the enclosing block starts.
+var indentationMessages = []string{"did not find expected key", "did not find expected '-' indicator",
+	"found a tab character that violates indentation", "did not find expected node content"}
+
+// indentationLine moves a problem about indentation that err reports at
+// the start of the enclosing block to the line that is indented wrong:
+// the first one, from there on, whose indentation is none of the open
+// blocks', or that indents with a tab.
+func indentationLine(err error, data []byte) error {
+	var ce *Error
+	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Line == 0 {
+		return err
+	}
+	p := &ce.Problems[0]
+	if !slices.ContainsFunc(indentationMessages, func(m string) bool { return strings.Contains(p.Msg, m) }) {
+		return err
+	}
+	if line := misindented(data); line >= p.Line {
+		p.Line = line
+		p.Msg += ": the indentation of this line matches no enclosing block; indent it like the lines of its block, with spaces"
+	}
+	return err
+}
+
+// misindented returns the 1-based number of the first line of a YAML
+// block document whose indentation does not match an open block, or 0.
+func misindented(data []byte) int {
+	type block struct {
+		indent int
+		seq    bool // a sequence's dashes are at indent
+	}
+	var open []block // increasing indentation
+	scalar := -1     // indentation of the line opening a block scalar
+	for i, line := range strings.Split(string(data), "\n") {
+		trimmed := strings.TrimLeft(line, " ")
+		indent := len(line) - len(trimmed)
+		if strings.TrimSpace(trimmed) == "" || strings.HasPrefix(trimmed, "#") {
+			continue
+		}
+		if scalar >= 0 && indent > scalar {
+			continue // inside a | or > scalar
+		}
+		scalar = -1
+		if strings.HasPrefix(trimmed, "\t") {
+			return i + 1
+		}
+		dash := strings.HasPrefix(trimmed, "- ") || trimmed == "-"
+		popped := false
+		for len(open) > 0 && open[len(open)-1].indent > indent {
+			open, popped = open[:len(open)-1], true
+		}
+		top := len(open) - 1
+		switch {
+		case popped && (top < 0 || open[top].indent != indent):
+			return i + 1 // back out of a block, to no block's column
+		case top >= 0 && open[top].indent == indent && open[top].seq && !dash:
+			return i + 1 // a key where the sequence's dashes are
+		case top < 0 || open[top].indent < indent:
+			open = append(open, block{indent: indent, seq: dash})
+		}
+		// "- key: v" opens a block at the key's column too.
+		for rest := trimmed; strings.HasPrefix(rest, "- "); {
+			after := strings.TrimLeft(rest[1:], " ")
+			indent += len(rest) - len(after)
+			open = append(open, block{indent: indent, seq: strings.HasPrefix(after, "- ")})
+			rest = after
+		}
+		v := strings.TrimSpace(trimmed)
+		if j := strings.Index(v, " #"); j >= 0 {
+			v = strings.TrimSpace(v[:j])
+		}
+		if strings.HasSuffix(v, "|") || strings.HasSuffix(v, ">") || strings.HasSuffix(v, "|-") || strings.HasSuffix(v, ">-") {
+			scalar = indent
+		}
+	}
+	return 0
 }
 
 // Expand replaces ${VAR} with the value of VAR and ${VAR:-default} with the

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -12,6 +13,25 @@ import (
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/redisconn"
 )
+
+// urlProblem is msg, url.Parse's complaint about raw, worded for a user,
+// and only when it cannot quote a password: a password holding "/", "?"
+// or "#" cuts the URL short, and the port url.Parse then quotes is a piece
+// of it.
+func urlProblem(raw, msg string) string {
+	if p, ok := strings.CutPrefix(msg, "invalid port "); ok {
+		port := strings.TrimSuffix(p, " after host")
+		port, _ = strconv.Unquote(port)
+		if i := strings.Index(raw, port); port == "" || i < 0 || strings.LastIndex(raw, "@") > i {
+			return "invalid port, or a password holding / ? or # that is not percent-encoded (%2F %3F %23)"
+		}
+		return fmt.Sprintf("invalid port %q: the port must be a number, such as :5432", port)
+	}
+	if strings.Contains(msg, "@") || strings.Contains(msg, ":") {
+		return "malformed URL" // could quote a piece of the password
+	}
+	return msg
+}
 
 // MaxFlushInterval bounds FlushInterval. Longer intervals hold the slot's
 // confirmed position back for that long (W moves only on a flush, design
@@ -103,7 +123,14 @@ func (c *Config) Validate() error {
 		}
 		// The URL is never repeated: it may hold a password.
 		if u, err := url.Parse(v); err != nil {
-			add(field, "not a valid URL")
+			// url.Error's own error names the part that is wrong (an
+			// invalid port, a character in the host) without the URL.
+			why := ""
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				why = ": " + urlProblem(v, ue.Err.Error())
+			}
+			add(field, "not a valid URL%s", why)
 		} else if u.Scheme != "postgres" && u.Scheme != "postgresql" {
 			add(field, "scheme %q is not postgres:// or postgresql://", u.Scheme)
 		}

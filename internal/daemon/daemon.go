@@ -214,7 +214,7 @@ const (
 	logSlot     = "slot"
 	logLSN      = "lsn"
 	logFailures = "failures"
-	logRetryIn  = "retry_in"
+	logRetryIn  = "retry_in_seconds"
 )
 
 // redactErr drops connection strings that parse errors may echo.
@@ -258,7 +258,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		zap.String("database", redact.URL(d.cfg.DatabaseURL)),
 		zap.String("redis", redact.URL(d.cfg.RedisURL)),
 		zap.String("publication", d.cfg.Publication),
-		zap.Duration("flush_interval", d.cfg.FlushInterval),
+		zap.Duration("flush_interval_seconds", d.cfg.FlushInterval),
 		zap.Int("counters", len(d.cfg.Counters)))
 	// The slot monitor runs for the daemon's lifetime; a lost slot ends
 	// everything (design rule 12).

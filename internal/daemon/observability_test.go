@@ -250,6 +250,11 @@ var contract = []contractMetric{
 	{"walcount_queue_depth", dto.MetricType_GAUGE, nil},
 	{"walcount_streaming", dto.MetricType_GAUGE, nil},
 	{"walcount_build_info", dto.MetricType_GAUGE, []string{metrics.LabelVersion, metrics.LabelRevision, metrics.LabelModified, metrics.LabelGoVersion}},
+	{"walcount_dirty", dto.MetricType_GAUGE, []string{metrics.LabelCounter}},
+	{"walcount_slot_spill_bytes_total", dto.MetricType_COUNTER, nil},
+	{"walcount_slot_spill_txns_total", dto.MetricType_COUNTER, nil},
+	{"walcount_slot_stream_bytes_total", dto.MetricType_COUNTER, nil},
+	{"walcount_slot_stream_txns_total", dto.MetricType_COUNTER, nil},
 }
 
 // checkContract fails the test for every contract metric that is missing,

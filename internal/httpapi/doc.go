@@ -8,6 +8,7 @@
 //	GET  /status        the daemon's state as pretty-printed JSON
 //	GET  /metrics       Prometheus exposition of internal/metrics
 //	POST /v1/reconcile  handed to Options.Reconcile; 501 when there is none
+//	GET  /v1/reconcile/{id}  one run, also handed to Options.Reconcile
 //
 // When Options.Token is set, every POST needs "Authorization: Bearer
 // <token>" and gets a 401 without it; the GET endpoints stay open, since

@@ -181,6 +181,8 @@ func (s *Server) routes() {
 	}
 	if s.opt.Reconcile != nil {
 		s.mux.Handle("POST /v1/reconcile", s.authorized(s.opt.Reconcile))
+		// A run's progress, like /status, needs no token.
+		s.mux.Handle("GET /v1/reconcile/{id}", s.opt.Reconcile)
 	} else {
 		s.mux.Handle("POST /v1/reconcile", s.authorized(notImplemented("reconcile is not available in this process: it runs inside `walcount run`")))
 	}

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -112,16 +113,15 @@ type Metrics struct {
 	SlotInvalidated *prometheus.GaugeVec
 
 	// SlotSpillBytes, SlotSpillTxns, SlotStreamBytes and SlotStreamTxns
-	// copy pg_stat_replication_slots. They are cumulative counters on the
-	// server, but walcount only mirrors them, and they go back to zero when
-	// the statistics are reset (pg_stat_reset_replication_slot), when the slot
-	// is recreated and after a crash. They are therefore exported as gauges,
-	// without the _total suffix; rate() and increase() still work on them,
-	// because PromQL treats any decrease as a reset whatever the type.
-	SlotSpillBytes  prometheus.Gauge
-	SlotSpillTxns   prometheus.Gauge
-	SlotStreamBytes prometheus.Gauge
-	SlotStreamTxns  prometheus.Gauge
+	// copy pg_stat_replication_slots, cumulative counters on the server:
+	// they are exported as counters (with _total names) whose value is
+	// the server's. They go back to zero when the statistics are reset
+	// (pg_stat_reset_replication_slot), when the slot is recreated and
+	// after a crash, which rate() and increase() take for a counter reset.
+	SlotSpillBytes  *MirroredCounter
+	SlotSpillTxns   *MirroredCounter
+	SlotStreamBytes *MirroredCounter
+	SlotStreamTxns  *MirroredCounter
 
 	// SlotReadErrors counts failed reads of the slot's status.
 	SlotReadErrors prometheus.Counter
@@ -215,9 +215,10 @@ type Metrics struct {
 
 	// Reconciliation (docs/design.md §5).
 
-	// CounterDirty is 1 for a counter walcount cannot vouch for until a
-	// reconciliation repaired it (part of its history was not seen), 0
-	// otherwise.
+	// CounterDirty (walcount_dirty{counter}) is 1 for a counter walcount
+	// cannot vouch for until a reconciliation repaired it (part of its
+	// history was not seen), 0 otherwise. It was walcount_counter_dirty,
+	// a name Prometheus's linter rejects: it holds a type word.
 	CounterDirty *prometheus.GaugeVec
 	// ReconcileCorrections counts corrections applied, by counter.
 	ReconcileCorrections *prometheus.CounterVec
@@ -254,13 +255,13 @@ func New() *Metrics {
 			Namespace: Namespace, Name: "slot_invalidated",
 			Help: "1 once the replication slot is invalidated, labelled with the cause (pg_replication_slots.invalidation_reason: wal_removed, idle_timeout, rows_removed, wal_level_insufficient; unknown when the server does not say).",
 		}, []string{LabelReason}),
-		SlotSpillBytes: gauge("slot_spill_bytes",
+		SlotSpillBytes: mirroredCounter("slot_spill_bytes_total",
 			"Bytes of decoded transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_bytes, cumulative on the server)."),
-		SlotSpillTxns: gauge("slot_spill_txns",
+		SlotSpillTxns: mirroredCounter("slot_spill_txns_total",
 			"Transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_txns, cumulative on the server)."),
-		SlotStreamBytes: gauge("slot_stream_bytes",
+		SlotStreamBytes: mirroredCounter("slot_stream_bytes_total",
 			"Bytes of in-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_bytes, cumulative on the server)."),
-		SlotStreamTxns: gauge("slot_stream_txns",
+		SlotStreamTxns: mirroredCounter("slot_stream_txns_total",
 			"In-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_txns, cumulative on the server)."),
 		SlotReadErrors: counter("slot_read_errors_total",
 			"Failed reads of the replication slot's status."),
@@ -332,7 +333,7 @@ func New() *Metrics {
 			"Messages in walcount's form that did not come from walcount's table of messages (another role emitted them with pg_logical_emit_message); they were ignored."),
 
 		CounterDirty: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "counter_dirty",
+			Namespace: Namespace, Name: "dirty",
 			Help: "1 while a counter (or some of its keys) is dirty: part of its history was not seen, and walcount repairs it by reconciliation; 0 otherwise.",
 		}, []string{LabelCounter}),
 		ReconcileCorrections: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -469,6 +470,36 @@ func (g streamingGauge) Set(v float64) {
 
 func gauge(name, help string) prometheus.Gauge {
 	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help})
+}
+
+// MirroredCounter is a counter whose value is kept elsewhere (a server's
+// cumulative statistic) and copied with Set.
+type MirroredCounter struct {
+	desc *prometheus.Desc
+	mu   sync.Mutex
+	v    float64
+}
+
+func mirroredCounter(name, help string) *MirroredCounter {
+	return &MirroredCounter{desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, nil, nil)}
+}
+
+// Set copies the source's value.
+func (c *MirroredCounter) Set(v float64) {
+	c.mu.Lock()
+	c.v = v
+	c.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (c *MirroredCounter) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *MirroredCounter) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	v := c.v
+	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, v)
 }
 
 func counter(name, help string) prometheus.Counter {

@@ -38,10 +38,10 @@ var designNames = []string{
 
 // extraNames are the other names the deployment assets rely on.
 var extraNames = []string{
-	"walcount_slot_spill_bytes",
-	"walcount_slot_spill_txns",
-	"walcount_slot_stream_bytes",
-	"walcount_slot_stream_txns",
+	"walcount_slot_spill_bytes_total",
+	"walcount_slot_spill_txns_total",
+	"walcount_slot_stream_bytes_total",
+	"walcount_slot_stream_txns_total",
 	"walcount_slot_read_errors_total",
 	"walcount_checkpoint_age_seconds",
 	"walcount_flush_errors_total",

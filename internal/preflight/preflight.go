@@ -11,6 +11,7 @@ import (
 
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/connerr"
 	"github.com/walcount/walcount/internal/pgversion"
 )
 
@@ -151,7 +152,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	// will (a role's statement_timeout of 1 ms fails neither).
 	conn, err := cfg.ConnectSQLWith(ctx, cfg.SessionSettings())
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
+		return nil, connerr.Postgres(err, cfg.DatabaseURL, cfg.OriginOf("database_url"))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 

@@ -95,7 +95,14 @@ func (r *run) checkRedis() {
 			r.redisACLProblem(p, opts)
 			return
 		}
-		r.problem(CheckRedis, fmt.Sprintf("Redis at %s does not answer PING: %v", addr, err),
+		if strings.Contains(err.Error(), "DB index is out of range") {
+			// Redis answers, but SELECT of the URL's database failed.
+			r.problem(CheckRedis, fmt.Sprintf("Redis at %s has no database %d (%v): a server has the number of databases its databases setting says, 16 by default, numbered from 0",
+				addr, opts.DB, err),
+				fmt.Sprintf("use a database number below that in the Redis URL (/0 to /15 by default; it came from %s), or raise databases in the server's redis.conf", r.cfg.OriginOf("redis_url")))
+			return
+		}
+		r.problem(CheckRedis, fmt.Sprintf("Redis at %s does not answer PING (URL from %s): %v", addr, r.cfg.OriginOf("redis_url"), err),
 			"start Redis, or set --redis-url (or WALCOUNT_REDIS_URL) to a reachable Redis")
 		if Unreachable(err) {
 			r.findings[len(r.findings)-1].Cause = CauseUnreachable

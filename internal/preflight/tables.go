@@ -262,7 +262,25 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 
 	if c.Sum != "" {
 		if sum, found := need(src, c.Sum, "sum"); found {
-			r.checkSum(c, src, tgt, sum, col, bad)
+			if !slices.Contains(sumTypes, sum.Base) {
+				// Only the configuration can fix this: the column holds
+				// what it holds.
+				var numeric []string
+				for _, name := range sortedKeys(src.Columns) {
+					if slices.Contains(sumTypes, src.Columns[name].Base) {
+						numeric = append(numeric, r.ident(name))
+					}
+				}
+				fix := fmt.Sprintf("set counters[%d].sum in %s to a smallint, integer, bigint or numeric column of %s", i, r.configFileName(), src.sql)
+				if len(numeric) > 0 {
+					fix += " (" + strings.Join(numeric, ", ") + ")"
+				}
+				fix += ", or remove sum to count rows"
+				badConfig(fmt.Sprintf("summed column %s.%s is %s: it must be smallint, integer, bigint or numeric", src.sql, r.ident(c.Sum), sum.Full),
+					r.configFix(c, fix))
+			} else {
+				r.checkSum(c, src, tgt, sum, col, bad)
+			}
 		}
 	}
 

@@ -50,7 +50,7 @@ const (
 	logKeyPort = "port"
 	logKeyDir  = "dir"
 	logKeyMode = "mode"
-	logKeyTook = "took"
+	logKeyTook = "took_seconds"
 )
 
 var (
