@@ -46,25 +46,32 @@ func TestReconcileFollowsTheRun(t *testing.T) {
 
 	// Followed across a restart of the daemon it was sent to: a slow run
 	// (2000 keys at 100 keys/s), and the daemon stopped once it started.
-	follow := startWalcount(t, env, "reconcile", "--http-addr", addrA, "--max-keys-per-second", "100")
+	// It is sent to the daemon that streams now: on a busy machine a
+	// session can fail and the standby take the slot over meanwhile.
+	active, activeAddr, standby, standbyAddr := a, addrA, b, addrB
+	if raw, err := fetchDaemonStatus(context.Background(), addrA); err != nil || !strings.Contains(string(raw), `"streaming": true`) {
+		active, activeAddr, standby, standbyAddr = b, addrB, a, addrA
+		waitStreaming(t, active, activeAddr)
+	}
+	follow := startWalcount(t, env, "reconcile", "--http-addr", activeAddr, "--max-keys-per-second", "100")
 	poll(t, "the run to start", func() (bool, string) {
 		return strings.Contains(follow.stdout.String(), "started"), follow.stdout.String()
 	})
-	if code := a.stop(); code != exitOK {
-		t.Fatalf("run A after SIGTERM: exit %d", code)
+	if code := active.stop(); code != exitOK {
+		t.Fatalf("the active run after SIGTERM: exit %d", code)
 	}
-	waitStreaming(t, b, addrB) // the standby took the slot over
-	a2 := startWalcount(t, env, "run", "--http-addr", addrA)
+	waitStreaming(t, standby, standbyAddr) // the standby took the slot over
+	restarted := startWalcount(t, env, "run", "--http-addr", activeAddr)
 	code = follow.wait()
 	got := follow.stdout.String()
 	if code != exitOK || !strings.Contains(got, "goes on") || !strings.Contains(got, "answers again") || !strings.Contains(got, " done: 2000 keys checked") {
 		t.Errorf("reconcile followed across a restart: exit %d, want 0, a word that the run goes on, and its end:\n%s", code, got)
 	}
-	if code := b.stop(); code != exitOK {
-		t.Errorf("run B after SIGTERM: exit %d", code)
+	if code := standby.stop(); code != exitOK {
+		t.Errorf("the standby run after SIGTERM: exit %d", code)
 	}
-	if code := a2.stop(); code != exitOK {
-		t.Errorf("run A after its restart and SIGTERM: exit %d", code)
+	if code := restarted.stop(); code != exitOK {
+		t.Errorf("the restarted run after SIGTERM: exit %d", code)
 	}
 }
 

@@ -228,14 +228,15 @@ func flushBlockedThenRestart(t *testing.T, change []string, stopped bool) {
 		k := carriedKey(c, "6")
 		return k != nil && k.Delta == 5, fmt.Sprintf("%+v", c)
 	})
-	disarm := fp.CrashAfter(failpoint.AfterCommit, 1)
-	defer disarm()
 	if stopped {
-		disarm()
 		_ = d.stop(t)
 		commitAll(t, tx, change...)
 	} else {
+		// Armed once the row changed, so that the crash follows a flush
+		// that can meet the change.
 		commitAll(t, tx, change...)
+		disarm := fp.CrashAfter(failpoint.AfterCommit, 1)
+		defer disarm()
 		if err := d.wait(t, catchUp); !errors.Is(err, failpoint.ErrCrash) {
 			t.Fatalf("daemon returned %v, want the simulated crash after the flush's commit", err)
 		}
