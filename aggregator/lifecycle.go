@@ -284,9 +284,21 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 		}
 	}
 	var dirty []string
+	if !known {
+		// Without the record, a delta of a crossed key may have landed on
+		// the row that had the key at the flush's commit, or on none, and
+		// it belonged to the row the key was counted for, which may now
+		// have another key: both ends of every crossed event are dirty.
+		for _, e := range crossed {
+			for _, f := range []string{e.field, e.to} {
+				if f != "" && !slices.Contains(dirty, f) {
+					dirty = append(dirty, f)
+				}
+			}
+		}
+	}
 	for _, f := range fields {
 		if !known {
-			dirty = append(dirty, f)
 			continue
 		}
 		d := deltas[f]
