@@ -299,7 +299,7 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 	}
 	for _, f := range fields {
 		if !known {
-			continue
+			break // marked dirty above
 		}
 		d := deltas[f]
 		if d == 0 {
