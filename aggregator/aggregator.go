@@ -88,8 +88,12 @@ type Options struct {
 	// Relations binds the counters' tables to their OIDs; nil matches
 	// them by name.
 	Relations Relations
-	Buffer    Buffer
-	Barrier   Barrierer
+	// Derived maps a counter whose summed column is generated to the
+	// column's derivation from the columns the stream carries (pgoutput
+	// leaves generated columns out).
+	Derived map[string]*counter.Derivation
+	Buffer  Buffer
+	Barrier Barrierer
 	// Start is the end LSN of the last transaction Redis or PostgreSQL
 	// already holds (meta.lsn): the chain continues from it and every
 	// transaction ending at or before it is skipped.
@@ -396,7 +400,7 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 	rules, ok := a.rules[ev.Rel]
 	if !ok {
 		var err error
-		if rules, err = bindRules(ev.Rel, a.opt.Counters, a.opt.Relations); err != nil {
+		if rules, err = bindRules(ev.Rel, a.opt.Counters, a.opt.Relations, a.opt.Derived); err != nil {
 			return fmt.Errorf("bind counters to %s: %w", ev.Rel.QualifiedName(), err)
 		}
 		for i := range rules {

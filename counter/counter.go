@@ -26,6 +26,11 @@ type Counter struct {
 	// Where restricts the counted rows: every listed source column must
 	// equal the given value. A nil value means IS NULL.
 	Where map[string]*string `yaml:"where"`
+	// Filters restricts the counted rows further with conditions beyond
+	// equality: IS NOT NULL, <>, IN and NOT IN (see Filter). A column is
+	// in Where or in Filters, not both. It is omitted from the recorded
+	// definition when empty, so that counters without it keep theirs.
+	Filters map[string]Filter `yaml:"-" json:",omitempty"`
 }
 
 // Default is the counter that applies when no configuration names any:
@@ -64,7 +69,7 @@ func (c Counter) ReadColumns() []string {
 	if c.Sum != "" {
 		add(c.Sum)
 	}
-	for _, w := range sortedKeys(c.Where) {
+	for _, w := range c.FilterColumns() {
 		add(w)
 	}
 	return cols

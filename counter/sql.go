@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // buildSQL writes r's statements. Identifiers are quoted with
@@ -38,7 +39,12 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 
 	value := "count(*)"
 	if c.Sum != "" {
-		value = fmt.Sprintf("coalesce(sum(s.%s), 0)", pgx.Identifier{c.Sum}.Sanitize())
+		sumID := pgx.Identifier{c.Sum}.Sanitize()
+		value = fmt.Sprintf("coalesce(sum(s.%s), 0)", sumID)
+		if src.Columns[c.Sum].BaseOID == pgtype.BoolOID {
+			// A boolean counts +1 when true and -1 when false (a vote).
+			value = fmt.Sprintf("coalesce(sum(CASE WHEN s.%[1]s THEN 1 WHEN NOT s.%[1]s THEN -1 END), 0)", sumID)
+		}
 	}
 	scaled := func(expr string) string {
 		if r.Scale == 0 {
@@ -49,31 +55,39 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 	// filterAfter writes the where filters on source rows s, their
 	// values bound after the statement's first n parameters.
 	r.FilterArgs = nil
-	type cond struct{ id, typ string }
+	type cond struct{ sql, typ string }
 	var conds []cond
-	for _, name := range sortedKeys(c.Where) {
-		v := c.Where[name]
-		id := "s." + pgx.Identifier{name}.Sanitize()
-		if v == nil {
-			conds = append(conds, cond{id: id})
-			continue
-		}
-		wcol, ok := src.Columns[name]
+	for _, cd := range c.Conds() {
+		id := "s." + pgx.Identifier{cd.Column}.Sanitize()
+		wcol, ok := src.Columns[cd.Column]
 		if !ok {
-			return fmt.Errorf("counter %s: %w: where column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{name}.Sanitize())
+			return fmt.Errorf("counter %s: %w: where column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{cd.Column}.Sanitize())
 		}
-		r.FilterArgs = append(r.FilterArgs, *v)
-		conds = append(conds, cond{id: id, typ: wcol.Full})
+		switch cd.Op {
+		case OpIsNull, OpNotNull:
+			conds = append(conds, cond{sql: id + " " + cd.Op})
+		case OpEq, OpNe:
+			r.FilterArgs = append(r.FilterArgs, cd.Values[0])
+			conds = append(conds, cond{sql: id + " " + cd.Op + " CAST($%d::text AS %s)", typ: wcol.Full})
+		case OpIn:
+			r.FilterArgs = append(r.FilterArgs, cd.Values)
+			conds = append(conds, cond{sql: id + " = ANY (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
+		case OpNotIn:
+			r.FilterArgs = append(r.FilterArgs, cd.Values)
+			conds = append(conds, cond{sql: id + " <> ALL (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
+		default:
+			return fmt.Errorf("counter %s: where column %s: unknown operator %q", c.Name, cd.Column, cd.Op)
+		}
 	}
 	filterAfter := func(n int) string {
 		var b strings.Builder
 		for _, w := range conds {
 			if w.typ == "" {
-				b.WriteString(" AND " + w.id + " IS NULL")
+				b.WriteString(" AND " + w.sql)
 				continue
 			}
 			n++
-			fmt.Fprintf(&b, " AND %s = CAST($%d::text AS %s)", w.id, n, w.typ)
+			b.WriteString(" AND " + fmt.Sprintf(w.sql, n, w.typ))
 		}
 		return b.String()
 	}

@@ -3,6 +3,7 @@ package counter
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -82,6 +83,29 @@ func Validate(cs []Counter) []Problem {
 		for k := range c.Where {
 			column("where."+k, k, true)
 		}
+		for _, k := range sortedKeys(c.Filters) {
+			column("where."+k, k, true)
+			f := c.Filters[k]
+			if _, dup := c.Where[k]; dup {
+				add("where."+k, "column %q is listed twice", k)
+			}
+			switch f.Op {
+			case OpNotNull:
+				if len(f.Values) != 0 {
+					add("where."+k, "IS NOT NULL takes no value")
+				}
+			case OpNe:
+				if len(f.Values) != 1 {
+					add("where."+k, "<> takes one value")
+				}
+			case OpIn, OpNotIn:
+				if len(f.Values) == 0 {
+					add("where."+k, "the list is empty: %s () matches no row", f.Op)
+				}
+			default:
+				add("where."+k, "unknown operator %q", f.Op)
+			}
+		}
 
 		if tgtOK && c.Column != "" {
 			if c.Column == c.TargetKey {
@@ -105,7 +129,7 @@ func Validate(cs []Counter) []Problem {
 			if c.Target != d.Source || c.Column == "" {
 				continue
 			}
-			_, inWhere := d.Where[c.Column]
+			inWhere := slices.Contains(d.FilterColumns(), c.Column)
 			if c.Column == d.Key || c.Column == d.Sum || inWhere {
 				ps = append(ps, Problem{
 					Field: FieldPath(i, c.Name) + ".column",

@@ -203,10 +203,17 @@ func (s *liveSession) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Generated summed columns are not in the stream: derived from the
+	// columns they are computed from.
+	derived, err := counter.Derivations(ctx, d.pool, d.cfg.Counters)
+	if err != nil {
+		return err
+	}
 	agg := aggregator.New(aggregator.Options{
 		Slot:          d.cfg.Slot,
 		Counters:      d.cfg.Counters,
 		Relations:     rels,
+		Derived:       derived,
 		Flushes:       d.flushes,
 		Dirty:         d.markDirty,
 		DirtyCounters: d.markCountersDirty,

@@ -22,7 +22,7 @@ import (
 // A partitioned source table is decoded per partition, with each
 // partition's own identity, so each leaf partition is checked.
 func (r *run) checkIdentity(c counter.Counter, src *table, prefix string) error {
-	needed := c.ReadColumns()
+	needed := c.ReadColumnsOf(src.Table)
 
 	type rel struct {
 		oid            uint32

@@ -579,6 +579,32 @@ func TestTablesAndColumns(t *testing.T) {
 			counter: func(c *counter.Counter) { c.Where = map[string]*string{"spam": str("maybe")} },
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: `where value "maybe" is not a valid boolean for public.likes.spam`,
 			fix: "fix counters[0].where.spam in the config file"},
+		{name: "where value invalid in a list", schema: goodSchema + "ALTER TABLE likes ADD COLUMN spam boolean;",
+			counter: func(c *counter.Counter) {
+				c.Filters = map[string]counter.Filter{"spam": {Op: counter.OpNotIn, Values: []string{"true", "perhaps"}}}
+			},
+			check: preflight.CheckColumn, sev: preflight.Problem, msg: `where value "perhaps" is not a valid boolean for public.likes.spam`,
+			fix: "fix counters[0].where.spam in the config file"},
+		{name: "filters beyond equality", schema: goodSchema + "ALTER TABLE likes ADD COLUMN kind text, ADD COLUMN status int;",
+			counter: func(c *counter.Counter) {
+				c.Filters = map[string]counter.Filter{"kind": {Op: counter.OpIn, Values: []string{"a", "b"}}, "status": {Op: counter.OpNe, Values: []string{"3"}},
+					"user_id": {Op: counter.OpNotNull}}
+			},
+			check: preflight.CheckColumn, sev: preflight.OK, msg: "counts into public.posts.likes_count (bigint)"},
+		{name: "boolean sum", schema: goodSchema + "ALTER TABLE likes ADD COLUMN up boolean;",
+			counter: func(c *counter.Counter) { c.Sum = "up" },
+			check:   preflight.CheckColumn, sev: preflight.OK, msg: "counts into public.posts.likes_count (bigint)"},
+		{name: "boolean domain sum", schema: goodSchema + "CREATE DOMAIN yes AS boolean; ALTER TABLE likes ADD COLUMN up yes;",
+			counter: func(c *counter.Counter) { c.Sum = "up" },
+			check:   preflight.CheckColumn, sev: preflight.Problem, msg: "summed column public.likes.up is yes, a domain over boolean",
+			fix: "ALTER TABLE public.likes ALTER COLUMN up TYPE boolean;"},
+		{name: "generated sum derived", schema: goodSchema + "ALTER TABLE likes ADD COLUMN up int, ADD COLUMN down int, ADD COLUMN score int GENERATED ALWAYS AS (up - down) STORED;",
+			counter: func(c *counter.Counter) { c.Sum = "score" },
+			check:   preflight.CheckColumn, sev: preflight.OK, msg: "summed column public.likes.score is generated ((up - down)): walcount derives it from down, up"},
+		{name: "generated sum not derivable", schema: goodSchema + "ALTER TABLE likes ADD COLUMN up int, ADD COLUMN half int GENERATED ALWAYS AS (up / 2) STORED;",
+			counter: func(c *counter.Counter) { c.Sum = "half" },
+			check:   preflight.CheckColumn, sev: preflight.Problem, msg: `summed column public.likes.half is a generated column, which the WAL does not carry`,
+			fix: "sum a column the application writes (make public.likes.half a regular column, or sum the columns it is computed from with one counter each), or write its expression with integer columns, constants, +, - and * only"},
 		{name: "quoted names", schema: `CREATE TABLE "Posts" ("ID" bigint PRIMARY KEY, "Likes" bigint NOT NULL);
 CREATE TABLE likes (post_id bigint PRIMARY KEY);`,
 			counter: func(c *counter.Counter) { c.Target, c.TargetKey, c.Column = `"Posts"`, "ID", "Likes" },

@@ -1,0 +1,214 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/reconcile"
+)
+
+// This file tests the counter kinds beyond counts, equality filters and
+// numeric sums (issue 27): filters with IS NOT NULL, IN, <> and NOT IN, a
+// boolean summed as +1/-1, and a sum over a generated column derived from
+// the columns the WAL carries.
+
+const kindsSchema = `
+CREATE TABLE posts (id bigint PRIMARY KEY,
+  reactions bigint NOT NULL DEFAULT 0, clean bigint NOT NULL DEFAULT 0,
+  votes bigint NOT NULL DEFAULT 0, points bigint NOT NULL DEFAULT 0);
+CREATE TABLE votes (id bigserial PRIMARY KEY, post_id bigint, user_id bigint,
+  kind text, status smallint, up boolean, base integer, bonus integer,
+  total integer GENERATED ALWAYS AS (base * 2 - bonus + (up)::integer) STORED);
+ALTER TABLE votes REPLICA IDENTITY FULL;
+CREATE INDEX ON votes (post_id);
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;
+INSERT INTO votes (post_id, user_id, kind, status, up, base, bonus)
+SELECT 1 + g % 30, CASE WHEN g % 7 <> 0 THEN g END, (ARRAY['like', 'love', 'spam', NULL])[1 + g % 4],
+       CASE WHEN g % 5 <> 0 THEN g % 4 END, CASE WHEN g % 6 <> 0 THEN g % 3 = 0 END, g % 9 - 4, g % 5
+FROM generate_series(1, 600) g;
+`
+
+const kindsConfig = testSettings + `
+counters:
+  - name: post_reactions           # IS NOT NULL, IN and <>
+    source: votes
+    key: post_id
+    target: posts
+    target_key: id
+    column: reactions
+    where: { user_id: { not: null }, kind: [like, love], status: { not: 3 } }
+  - name: post_clean               # NOT IN and equality
+    source: votes
+    key: post_id
+    target: posts
+    target_key: id
+    column: clean
+    where: { kind: { not: [spam] }, up: true }
+  - name: post_votes               # a boolean summed as +1/-1
+    source: votes
+    key: post_id
+    target: posts
+    target_key: id
+    column: votes
+    sum: up
+  - name: post_points              # a generated column, derived
+    source: votes
+    key: post_id
+    target: posts
+    target_key: id
+    column: points
+    sum: total
+`
+
+// kindsTruth selects the posts whose counters differ from SQL's own
+// evaluation of the same filters and sums.
+const kindsTruth = `
+SELECT p.id::text, format('%s/%s/%s/%s', p.reactions, p.clean, p.votes, p.points), format('%s/%s/%s/%s', t.r, t.c, t.v, t.p)
+FROM posts p CROSS JOIN LATERAL (
+  SELECT count(*) FILTER (WHERE v.user_id IS NOT NULL AND v.kind IN ('like', 'love') AND v.status <> 3) AS r,
+         count(*) FILTER (WHERE v.kind NOT IN ('spam') AND v.up = true) AS c,
+         coalesce(sum(CASE WHEN v.up THEN 1 WHEN NOT v.up THEN -1 END), 0) AS v,
+         coalesce(sum(v.total), 0) AS p
+  FROM votes v WHERE v.post_id = p.id) t
+WHERE (p.reactions, p.clean, p.votes, p.points) <> (t.r, t.c, t.v, t.p)
+ORDER BY p.id`
+
+// kindsOp is one write of an app whose votes change kind, status, user,
+// direction and weights, move between posts and are deleted.
+func kindsOp(ctx context.Context, w *workload, rng *rand.Rand) error {
+	kinds := []any{"like", "love", "spam", "meh", nil}
+	maybe := func(v any) any {
+		if rng.IntN(5) == 0 {
+			return nil
+		}
+		return v
+	}
+	pick := "(SELECT id FROM votes WHERE post_id = $1 ORDER BY random() LIMIT 1)"
+	var err error
+	switch k := rng.IntN(100); {
+	case k < 30:
+		_, err = w.db.Exec(ctx, `INSERT INTO votes (post_id, user_id, kind, status, up, base, bonus) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			w.post(rng), maybe(rng.Int64N(1000)), kinds[rng.IntN(len(kinds))], maybe(rng.IntN(4)), maybe(rng.IntN(2) == 0), maybe(rng.IntN(21)-10), maybe(rng.IntN(7)))
+	case k < 40:
+		_, err = w.db.Exec(ctx, "UPDATE votes SET kind = $2 WHERE id = "+pick, w.post(rng), kinds[rng.IntN(len(kinds))])
+	case k < 48:
+		_, err = w.db.Exec(ctx, "UPDATE votes SET status = $2 WHERE id = "+pick, w.post(rng), maybe(rng.IntN(4)))
+	case k < 56:
+		_, err = w.db.Exec(ctx, "UPDATE votes SET up = NOT up WHERE id = "+pick, w.post(rng))
+	case k < 62:
+		_, err = w.db.Exec(ctx, "UPDATE votes SET user_id = CASE WHEN user_id IS NULL THEN 5 END WHERE id = "+pick, w.post(rng))
+	case k < 70:
+		_, err = w.db.Exec(ctx, "UPDATE votes SET base = $2, bonus = $3 WHERE id = "+pick, w.post(rng), maybe(rng.IntN(21)-10), maybe(rng.IntN(7)))
+	case k < 78:
+		_, err = w.db.Exec(ctx, "UPDATE votes SET post_id = $2 WHERE id = "+pick, w.post(rng), w.post(rng))
+	case k < 90:
+		_, err = w.db.Exec(ctx, "DELETE FROM votes WHERE id = "+pick, w.post(rng))
+	default: // several at once, sometimes rolled back
+		err = w.tx(ctx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "UPDATE votes SET kind = 'love', status = 1, up = true, base = base + 1 WHERE id = "+pick, w.post(rng)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "UPDATE votes SET post_id = $2, user_id = NULL WHERE id = "+pick, w.post(rng), w.post(rng)); err != nil {
+				return err
+			}
+			if rng.IntN(4) == 0 {
+				return errRollback
+			}
+			return nil
+		})
+	}
+	return err
+}
+
+func kindsLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
+	t.Helper()
+	w := newWorkload(e.db)
+	w.posts = 30
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(c+1), uint64(ops)*13+uint64(time.Now().UnixNano())))
+			for range ops {
+				if ctx.Err() != nil {
+					return
+				}
+				if err := kindsOp(ctx, w, rng); err != nil {
+					if ctx.Err() == nil {
+						w.bad.Add(1)
+					}
+				} else {
+					w.ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	w.report(t)
+	if w.bad.Load() > 0 {
+		t.Fatalf("%d operations failed", w.bad.Load())
+	}
+}
+
+// TestFilterBoolAndDerivedKinds keeps the four counters of kindsConfig
+// exact: a backfill of rows that exist before walcount starts while the
+// app writes, a crash after a flush's commit under load, drift that
+// reconciliation corrects, and the replica identity lost and restored
+// (degraded, dirty, repaired by itself).
+func TestFilterBoolAndDerivedKinds(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, kindsSchema, func(e *env) { e.cfg = e.loadConfig(kindsConfig) })
+	ctx := context.Background()
+
+	// Backfill on a live table, then a crash after a commit.
+	fp := &failpoint.Set{}
+	disarm := fp.CrashAfter(failpoint.AfterCommit, 8)
+	d := e.start(func(o *Options) { o.Failpoints = fp })
+	kindsLoad(ctx, t, e, 3, 150)
+	if err := d.wait(t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatalf("daemon returned %v, want the simulated crash", err)
+	}
+	disarm()
+	kindsLoad(ctx, t, e, 2, 50)
+	d = e.start()
+	kindsLoad(ctx, t, e, 3, 150)
+	// The backfill the crash interrupted is done again by the new daemon.
+	if run := waitRun(t, d, 0); run.Status != "done" {
+		t.Fatalf("backfill %+v, want done", run)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after the backfill, a crash and churn", kindsTruth)
+
+	// Drift, corrected by a reconciliation while the app writes.
+	e.exec("UPDATE posts SET reactions = reactions + 3, clean = clean - 1, votes = votes + 7, points = points - 11 WHERE id IN (2, 9, 17)")
+	var wg sync.WaitGroup
+	wg.Go(func() { kindsLoad(ctx, t, e, 2, 100) })
+	run := startRun(t, d, reconcile.Request{})
+	got := waitRun(t, d, run.ID)
+	wg.Wait()
+	if got.Status != "done" || got.Corrected == 0 {
+		t.Fatalf("reconciliation %+v, want done with corrections", got)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after reconciliation", kindsTruth)
+
+	// The identity lost under load: degraded and dirty, repaired once it
+	// is back.
+	e.exec("ALTER TABLE votes REPLICA IDENTITY DEFAULT")
+	kindsLoad(ctx, t, e, 2, 60)
+	waitFor(t, "the counters degraded", func() bool { return len(d.d.Status(ctx).Degraded) == 4 })
+	e.exec("ALTER TABLE votes REPLICA IDENTITY FULL")
+	kindsLoad(ctx, t, e, 2, 60)
+	e.waitClean(t, 2*time.Minute)
+	e.assertNone("after the identity came back", kindsTruth)
+	e.assertHealthy(d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
