@@ -21,8 +21,10 @@ var ErrNotAttributable = errors.New("change cannot be attributed to a counter ke
 // rule is a counter bound to one version of its source relation.
 type rule struct {
 	counter string
-	key     int // column index of the key
-	sum     int // column index of the summed column, or -1
+	key     int // column index of the key, -1 for a total with no key
+	// constKey is the one key of a total with no key (TargetRow).
+	constKey []byte
+	sum      int // column index of the summed column, or -1
 	// scale is the declared scale of the summed column: its values are
 	// counted in units of 10^-scale (0 for integer columns).
 	scale int
@@ -71,11 +73,18 @@ func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations, de
 		if !rels.Is(c.Source, rel) {
 			continue
 		}
-		r := rule{counter: c.Name, key: rel.ColumnIndex(c.Key), sum: -1}
-		if r.key < 0 {
-			return nil, fmt.Errorf("counter %s: %w: key column %q is not in %s", c.Name, ErrNotAttributable, c.Key, rel.QualifiedName())
+		r := rule{counter: c.Name, key: -1, sum: -1}
+		if c.Keyless() {
+			// A total with no key: every row counts into the one key,
+			// which walcount check makes sure is written in the text
+			// form pgoutput sends the target key in.
+			r.constKey = []byte(c.TargetRow)
+		} else {
+			if r.key = rel.ColumnIndex(c.Key); r.key < 0 {
+				return nil, fmt.Errorf("counter %s: %w: key column %q is not in %s", c.Name, ErrNotAttributable, c.Key, rel.QualifiedName())
+			}
+			r.cols = append(r.cols, r.key)
 		}
-		r.cols = append(r.cols, r.key)
 		if d := derived[c.Name]; c.Sum != "" && d != nil && rel.ColumnIndex(c.Sum) < 0 {
 			// A generated column the stream does not carry: computed
 			// from its inputs, which are integers or booleans.
@@ -175,14 +184,17 @@ func (r *rule) contribute(t, alt cdc.Tuple) (contribution, error) {
 			return contribution{}, nil
 		}
 	}
-	k, err := value(t, alt, r.key)
-	if err != nil {
-		return contribution{}, err
+	c := contribution{ok: true, key: r.constKey, amount: 1}
+	if r.key >= 0 {
+		k, err := value(t, alt, r.key)
+		if err != nil {
+			return contribution{}, err
+		}
+		if k.Kind == cdc.ValueNull {
+			return contribution{}, nil // a row with no target counts nowhere
+		}
+		c.key = k.Data
 	}
-	if k.Kind == cdc.ValueNull {
-		return contribution{}, nil // a row with no target counts nowhere
-	}
-	c := contribution{ok: true, key: k.Data, amount: 1}
 	if r.derive != nil {
 		v, null, err := r.derive.Eval(func(col string) ([]byte, bool, error) {
 			v, err := value(t, alt, r.inputs[col])

@@ -204,6 +204,9 @@ func bind(c Counter, src, tgt *Table) (*Resolved, error) {
 			tgt.Ident(), c.TargetKey, tgt.Ident(), c.Column)
 	}
 	key, ok := src.Columns[c.Key]
+	if c.Keyless() {
+		key, ok = tkey, true // the constant key is of the target key's type
+	}
 	if !ok {
 		return nil, fmt.Errorf("counter %s: %w: key column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{c.Key}.Sanitize())
 	}

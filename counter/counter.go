@@ -31,7 +31,15 @@ type Counter struct {
 	// in Where or in Filters, not both. It is omitted from the recorded
 	// definition when empty, so that counters without it keep theirs.
 	Filters map[string]Filter `yaml:"-" json:",omitempty"`
+	// TargetRow, when set, makes a total with no key: Key is empty and
+	// every counted source row counts into the one target row whose
+	// TargetKey is TargetRow (a site-wide row), written as PostgreSQL
+	// prints the value.
+	TargetRow string `yaml:"target_row" json:",omitempty"`
 }
+
+// Keyless reports whether c is a total with no key (TargetRow).
+func (c Counter) Keyless() bool { return c.TargetRow != "" }
 
 // Default is the counter that applies when no configuration names any:
 // the number of likes rows of each post, in posts.likes_count.
@@ -57,7 +65,10 @@ func (c Counter) TargetTable() (schema, table string) { return SplitTable(c.Targ
 // They must all be in the source's replica identity for old rows to be
 // attributable.
 func (c Counter) ReadColumns() []string {
-	cols := []string{c.Key}
+	var cols []string
+	if c.Key != "" {
+		cols = append(cols, c.Key)
+	}
 	add := func(s string) {
 		for _, have := range cols {
 			if have == s {

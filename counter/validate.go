@@ -76,7 +76,14 @@ func Validate(cs []Counter) []Problem {
 				add(sub, "contains a NUL byte")
 			}
 		}
-		column("key", c.Key, true)
+		switch {
+		case c.Keyless() && c.Key != "":
+			add("key", "a counter with target_row has no key: every counted row counts into that one row")
+		case c.Keyless() && strings.ContainsRune(c.TargetRow, 0):
+			add("target_row", "contains a NUL byte")
+		default:
+			column("key", c.Key, !c.Keyless())
+		}
 		column("target_key", c.TargetKey, true)
 		column("column", c.Column, true)
 		column("sum", c.Sum, false)
@@ -130,7 +137,7 @@ func Validate(cs []Counter) []Problem {
 				continue
 			}
 			inWhere := slices.Contains(d.FilterColumns(), c.Column)
-			if c.Column == d.Key || c.Column == d.Sum || inWhere {
+			if (d.Key != "" && c.Column == d.Key) || c.Column == d.Sum || inWhere {
 				ps = append(ps, Problem{
 					Field: FieldPath(i, c.Name) + ".column",
 					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key, sum or where column of a counted table", c.Target, c.Column, j, d.Name),

@@ -15,7 +15,8 @@ import (
 
 // TestKindsSurviveKill9 runs the real binary on counters with filters
 // beyond equality (IS NOT NULL, IN, <>), a boolean summed as +1/-1 and a
-// sum over a generated column walcount derives, kills it with SIGKILL
+// sum over a generated column walcount derives and a site-wide total with
+// no key, kills it with SIGKILL
 // twice while the app writes, and checks every post against SQL once a
 // last daemon has caught up.
 func TestKindsSurviveKill9(t *testing.T) {
@@ -26,13 +27,16 @@ CREATE TABLE votes (id bigserial PRIMARY KEY, post_id bigint, user_id bigint, ki
   total integer GENERATED ALWAYS AS (3 * base - (up)::integer) STORED);
 ALTER TABLE votes REPLICA IDENTITY FULL;
 CREATE INDEX ON votes (post_id);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;`)
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;
+CREATE TABLE site (id integer PRIMARY KEY, votes bigint NOT NULL DEFAULT 0);
+INSERT INTO site VALUES (1);`)
 	path := c.writeConfig(`
 counters:
   - {name: post_reactions, source: votes, key: post_id, target: posts, target_key: id, column: reactions,
      where: { user_id: { not: null }, kind: [like, love], up: { not: false } }}
   - {name: post_votes, source: votes, key: post_id, target: posts, target_key: id, column: votes, sum: up}
   - {name: post_points, source: votes, key: post_id, target: posts, target_key: id, column: points, sum: total}
+  - {name: site_votes, source: votes, target: site, target_key: id, target_row: 1, column: votes, where: { kind: { not: null } }}
 `)
 	addr := unusedAddr(t)
 	env := []string{"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + c.redis, "WALCOUNT_SLOT=" + c.slot,
@@ -105,7 +109,8 @@ SELECT count(*) FROM posts p CROSS JOIN LATERAL (
   SELECT count(*) FILTER (WHERE v.user_id IS NOT NULL AND v.kind IN ('like', 'love') AND v.up <> false) AS r,
          coalesce(sum(CASE WHEN v.up THEN 1 WHEN NOT v.up THEN -1 END), 0) AS v, coalesce(sum(v.total), 0) AS p
   FROM votes v WHERE v.post_id = p.id) t
-WHERE (p.reactions, p.votes, p.points) <> (t.r, t.v, t.p)`
+WHERE (p.reactions, p.votes, p.points) <> (t.r, t.v, t.p)
+  OR (SELECT votes FROM site) <> (SELECT count(*) FROM votes WHERE kind IS NOT NULL)`
 	var n int
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		n = c.count(off)

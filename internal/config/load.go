@@ -242,6 +242,7 @@ type fileCounter struct {
 	Column    string               `yaml:"column"`
 	Sum       string               `yaml:"sum"`
 	Where     map[string]yaml.Node `yaml:"where"`
+	TargetRow yaml.Node            `yaml:"target_row"`
 }
 
 // decode expands data, decodes it over *cfg and returns the set of
@@ -370,6 +371,13 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 			TargetKey: col("target_key", fc.TargetKey),
 			Column:    col("column", fc.Column),
 			Sum:       col("sum", fc.Sum),
+		}
+		if n := fc.TargetRow; n.Kind != 0 && n.Tag != "!!null" && !(n.Kind == yaml.ScalarNode && n.Value == "") {
+			if n.Kind != yaml.ScalarNode {
+				problems = append(problems, Problem{Line: n.Line, Field: field + ".target_row", Msg: "must be the target_key value of the one row the total is kept in (a number or a string)"})
+			} else {
+				c.TargetRow = n.Value
+			}
 		}
 		if fc.Where != nil {
 			c.Where = make(map[string]*string, len(fc.Where))

@@ -38,7 +38,7 @@ func TestParseErrors(t *testing.T) {
 			b.WriteString(f.k + ": " + v + "\n")
 		}
 		for k, v := range repl {
-			if k == "sum" || k == "where" {
+			if k == "sum" || k == "where" || k == "target_row" {
 				b.WriteString("    " + k + ": " + v + "\n")
 			}
 		}
@@ -90,6 +90,8 @@ func TestParseErrors(t *testing.T) {
 			[]string{"walcount.yaml:8: counters[0] (a).where.state: the list is empty, and would match no row"}},
 		{"where nested list", "counters:\n" + counter("a", map[string]string{"where": "{state: [[1]]}"}),
 			[]string{"walcount.yaml:8: counters[0] (a).where.state: a list holds values only"}},
+		{"target_row with a key", "counters:\n" + counter("a", map[string]string{"target_row": "1"}),
+			[]string{"walcount.yaml: counters[0] (a).key: a counter with target_row has no key"}},
 		{"where mapping", "counters:\n" + counter("a", map[string]string{"where": "\n      state: {a: 1}"}),
 			[]string{"walcount.yaml:9: counters[0] (a).where.state: must be a value (equality), null (IS NULL), a list of values (IN), or {not: null} (IS NOT NULL), {not: value} (<>) or {not: [values]} (NOT IN)"}},
 		{"where duplicate after folding", "counters:\n" + counter("a", map[string]string{"where": "{state: 1, State: 2}"}),

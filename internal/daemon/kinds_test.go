@@ -212,3 +212,124 @@ func TestFilterBoolAndDerivedKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+const totalsSchema = `
+CREATE TABLE site (id integer PRIMARY KEY, posts bigint NOT NULL DEFAULT 0, live bigint NOT NULL DEFAULT 0,
+  score bigint NOT NULL DEFAULT 0);
+INSERT INTO site (id) VALUES (1);
+CREATE TABLE posts (id bigserial PRIMARY KEY, deleted boolean NOT NULL DEFAULT false, up boolean);
+ALTER TABLE posts REPLICA IDENTITY FULL;
+INSERT INTO posts (deleted, up) SELECT g % 5 = 0, CASE WHEN g % 3 <> 0 THEN g % 2 = 0 END FROM generate_series(1, 500) g;
+`
+
+const totalsConfig = testSettings + `
+counters:
+  - {name: site_posts, source: posts, target: site, target_key: id, target_row: 1, column: posts}
+  - {name: site_live, source: posts, target: site, target_key: id, target_row: 1, column: live, where: { deleted: false }}
+  - {name: site_score, source: posts, target: site, target_key: id, target_row: 1, column: score, sum: up}
+`
+
+const totalsTruth = `
+SELECT s.id::text, format('%s/%s/%s', s.posts, s.live, s.score), format('%s/%s/%s', t.n, t.l, t.v)
+FROM site s CROSS JOIN (SELECT count(*) AS n, count(*) FILTER (WHERE NOT deleted) AS l,
+  coalesce(sum(CASE WHEN up THEN 1 WHEN NOT up THEN -1 END), 0) AS v FROM posts) t
+WHERE (s.posts, s.live, s.score) <> (t.n, t.l, t.v)`
+
+func totalsLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
+	t.Helper()
+	w := newWorkload(e.db)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(c+7), uint64(time.Now().UnixNano())))
+			pick := "(SELECT id FROM posts WHERE id >= $1 ORDER BY id LIMIT 1)"
+			for range ops {
+				var err error
+				switch k := rng.IntN(10); {
+				case k < 4:
+					_, err = e.db.Exec(ctx, "INSERT INTO posts (deleted, up) VALUES ($1, $2)", rng.IntN(4) == 0, []any{true, false, nil}[rng.IntN(3)])
+				case k < 6:
+					_, err = e.db.Exec(ctx, "UPDATE posts SET deleted = NOT deleted WHERE id = "+pick, rng.Int64N(2000))
+				case k < 8:
+					_, err = e.db.Exec(ctx, "UPDATE posts SET up = NOT up WHERE id = "+pick, rng.Int64N(2000))
+				default:
+					_, err = e.db.Exec(ctx, "DELETE FROM posts WHERE id = "+pick, rng.Int64N(2000))
+				}
+				if err != nil {
+					w.bad.Add(1)
+				} else {
+					w.ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	w.report(t)
+	if w.bad.Load() > 0 {
+		t.Fatalf("%d operations failed", w.bad.Load())
+	}
+}
+
+// TestTotalsWithNoKey keeps site-wide totals (a count, a filtered count and
+// a boolean sum, all into the one row of site) exact: the backfill of rows
+// that exist before walcount starts while the app writes, a crash after a
+// flush's commit, drift that reconciliation corrects, the row held by the
+// app while walcount flushes (carried, then applied), and a TRUNCATE of
+// the source.
+func TestTotalsWithNoKey(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, totalsSchema, func(e *env) { e.cfg = e.loadConfig(totalsConfig) })
+	ctx := context.Background()
+	fp := &failpoint.Set{}
+	disarm := fp.CrashAfter(failpoint.AfterCommit, 6)
+	d := e.start(func(o *Options) { o.Failpoints = fp })
+	var wg sync.WaitGroup
+	wg.Go(func() { totalsLoad(ctx, t, e, 3, 200) })
+	if err := d.wait(t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatalf("daemon returned %v, want the simulated crash", err)
+	}
+	disarm()
+	d = e.start()
+	wg.Wait()
+	if run := waitRun(t, d, 0); run.Status != "done" {
+		t.Fatalf("backfill %+v, want done", run)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after the backfill, a crash and churn", totalsTruth)
+
+	// The app holds the hot row while posts keep coming: the flush
+	// carries the total and applies it once the row is free.
+	held, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Rollback(context.Background()) })
+	if _, err := held.Exec(ctx, "SELECT 1 FROM site WHERE id = 1 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	totalsLoad(ctx, t, e, 2, 100)
+	waitFor(t, "the total carried", func() bool { return len(e.carried()) > 0 })
+	if err := held.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitNoCarried()
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after the row was held", totalsTruth)
+
+	e.exec("UPDATE site SET posts = posts + 5, live = 0, score = score - 2")
+	run := startRun(t, d, reconcile.Request{})
+	if got := waitRun(t, d, run.ID); got.Status != "done" || got.Corrected != 3 {
+		t.Fatalf("reconciliation %+v, want done with 3 corrections", got)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after reconciliation", totalsTruth)
+
+	e.inTransaction("INSERT INTO posts (up) VALUES (true), (false)", "TRUNCATE posts", "INSERT INTO posts (up, deleted) VALUES (true, false), (true, true), (NULL, false)")
+	totalsLoad(ctx, t, e, 2, 50)
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after a TRUNCATE", totalsTruth)
+	e.assertHealthy(d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -161,7 +161,7 @@ func (r *run) configFix(c counter.Counter, fix string) string {
 func isDefaultCounter(c counter.Counter) bool {
 	d := counter.Default()
 	return c.Name == d.Name && c.Source == d.Source && c.Key == d.Key && c.Target == d.Target &&
-		c.TargetKey == d.TargetKey && c.Column == d.Column && c.Sum == d.Sum && len(c.Where) == 0 && len(c.Filters) == 0
+		c.TargetKey == d.TargetKey && c.Column == d.Column && c.Sum == d.Sum && len(c.Where) == 0 && len(c.Filters) == 0 && c.TargetRow == ""
 }
 
 // closest returns the column of cols nearest to name by edit distance, for
@@ -225,14 +225,29 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		return col, found
 	}
 
-	key, keyOK := need(src, c.Key, "key")
+	var key counter.Column
+	var keyOK bool
 	tkey, tkeyOK := need(tgt, c.TargetKey, "target_key")
+	if c.Keyless() {
+		key, keyOK = tkey, tkeyOK
+		if tkeyOK {
+			if err := r.checkTargetRow(i, c, tgt, tkey, &ok); err != nil {
+				return err
+			}
+		}
+	} else {
+		key, keyOK = need(src, c.Key, "key")
+	}
+	keyName := c.Key
+	if c.Keyless() {
+		keyName = c.TargetKey
+	}
 	for _, k := range []struct {
 		t     *table
 		name  string
 		col   counter.Column
 		found bool
-	}{{src, c.Key, key, keyOK}, {tgt, c.TargetKey, tkey, tkeyOK}} {
+	}{{src, keyName, key, keyOK && !c.Keyless()}, {tgt, c.TargetKey, tkey, tkeyOK}} {
 		if k.found && keyFamilies[k.col.Base] == "" {
 			bad(fmt.Sprintf("key column %s.%s is %s: keys must be smallint, integer, bigint, uuid, text or varchar", k.t.sql, r.ident(k.name), k.col.Full), "")
 		}
@@ -312,12 +327,49 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		}
 	}
 
-	if ok {
+	switch {
+	case ok && c.Keyless():
+		r.ok(CheckColumn, fmt.Sprintf("%severy counted row of %s counts into %s.%s (%s) of the row whose %s is %s",
+			prefix, src.sql, tgt.sql, r.ident(c.Column), col.Full, r.ident(c.TargetKey), c.TargetRow))
+	case ok:
 		r.ok(CheckColumn, fmt.Sprintf("%s%s.%s (%s) counts into %s.%s (%s), matched on %s (%s)",
 			prefix, src.sql, r.ident(c.Key), key.Full, tgt.sql, r.ident(c.Column), col.Full, r.ident(c.TargetKey), tkey.Full))
 	}
 	return nil
 }
+
+// checkTargetRow checks the row a total with no key is kept in: its
+// target_row must be written as PostgreSQL prints the target key (the
+// stream's moves of target rows name keys in that form), and the row must
+// exist, or every delta would be dropped.
+func (r *run) checkTargetRow(i int, c counter.Counter, tgt *table, tkey counter.Column, ok *bool) error {
+	var printed string
+	var exists bool
+	err := r.conn.QueryRow(r.ctx, fmt.Sprintf("SELECT CAST($1::text AS %[1]s)::text, EXISTS (SELECT 1 FROM %[2]s t WHERE t.%[3]s = CAST($1::text AS %[1]s))",
+		tkey.Full, tgt.sql, r.ident(c.TargetKey)), c.TargetRow).Scan(&printed, &exists)
+	var pgErr *pgconn.PgError
+	switch {
+	case err != nil && r.ctx.Err() != nil:
+		return r.ctx.Err()
+	case errors.As(err, &pgErr):
+		*ok = false
+		r.configProblem(CheckColumn, fmt.Sprintf("counter %s: target_row %q is not a valid %s for %s.%s: %s", c.Name, c.TargetRow, tkey.Full, tgt.sql, r.ident(c.TargetKey), pgErr.Message),
+			fmt.Sprintf("fix counters[%d].target_row in %s", i, r.configFileName()))
+	case err != nil:
+		return r.queryFailed(CheckColumn, "counter "+c.Name+": target row", err)
+	case printed != c.TargetRow:
+		*ok = false
+		r.configProblem(CheckColumn, fmt.Sprintf("counter %s: target_row %q is written otherwise than PostgreSQL prints it (%s)", c.Name, c.TargetRow, printed),
+			fmt.Sprintf("set counters[%d].target_row in %s to %s", i, r.configFileName(), printed))
+	case !exists:
+		*ok = false
+		r.problem(CheckColumn, fmt.Sprintf("counter %s: %s has no row whose %s is %s: the total has nowhere to go, and every delta would be dropped", c.Name, tgt.sql, r.ident(c.TargetKey), c.TargetRow),
+			fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s); then walcount reconcile", tgt.sql, r.ident(c.TargetKey), quoteLit(c.TargetRow)))
+	}
+	return nil
+}
+
+func quoteLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // checkDerived checks that a generated summed column can be derived from
 // the columns the WAL carries (counter.Derive): pgoutput leaves generated
@@ -477,6 +529,9 @@ func (r *run) checkIndexes(c counter.Counter, src, tgt *table, prefix string) er
 		{tgt, c.TargetKey, "every flush looks rows up by it, so it scans the table"},
 		{src, c.Key, "every reconcile batch counts the rows of a range of keys by it, so a reconcile would scan the whole table once per batch (an index that does not lead with it does not help)"},
 	} {
+		if k.col == "" {
+			continue // a total with no key reads the whole source
+		}
 		if _, found := k.t.Columns[k.col]; !found {
 			continue // reported by checkColumns
 		}
