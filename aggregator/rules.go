@@ -24,7 +24,10 @@ type rule struct {
 	key     int // column index of the key, -1 for a total with no key
 	// constKey is the one key of a total with no key (TargetRow).
 	constKey []byte
-	sum      int // column index of the summed column, or -1
+	// appendOnly: the source is declared to take only inserts; its
+	// updates and deletes are not counted but mark the counter dirty.
+	appendOnly bool
+	sum        int // column index of the summed column, or -1
 	// scale is the declared scale of the summed column: its values are
 	// counted in units of 10^-scale (0 for integer columns).
 	scale int
@@ -122,7 +125,8 @@ func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations, de
 			r.where = append(r.where, filter{col: i, cond: cd})
 			r.cols = append(r.cols, i)
 		}
-		if rel.ReplicaIdentity != 'f' {
+		r.appendOnly = c.AppendOnly
+		if rel.ReplicaIdentity != 'f' && !r.appendOnly {
 			for _, i := range r.cols {
 				if !rel.Columns[i].Key {
 					r.degraded = true

@@ -36,6 +36,11 @@ type Counter struct {
 	// TargetKey is TargetRow (a site-wide row), written as PostgreSQL
 	// prints the value.
 	TargetRow string `yaml:"target_row" json:",omitempty"`
+	// AppendOnly declares that the source takes only INSERTs (an event
+	// log): its replica identity need not carry the columns the counter
+	// reads, and an UPDATE or DELETE that reaches the stream anyway marks
+	// the counter dirty instead of being counted.
+	AppendOnly bool `yaml:"append_only" json:",omitempty"`
 }
 
 // Keyless reports whether c is a total with no key (TargetRow).

@@ -16,7 +16,8 @@ import (
 // TestKindsSurviveKill9 runs the real binary on counters with filters
 // beyond equality (IS NOT NULL, IN, <>), a boolean summed as +1/-1 and a
 // sum over a generated column walcount derives and a site-wide total with
-// no key, kills it with SIGKILL
+// no key and a count of an append_only event log (identity: its primary
+// key), kills it with SIGKILL
 // twice while the app writes, and checks every post against SQL once a
 // last daemon has caught up.
 func TestKindsSurviveKill9(t *testing.T) {
@@ -29,6 +30,8 @@ ALTER TABLE votes REPLICA IDENTITY FULL;
 CREATE INDEX ON votes (post_id);
 INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;
 CREATE TABLE site (id integer PRIMARY KEY, votes bigint NOT NULL DEFAULT 0);
+ALTER TABLE posts ADD COLUMN events bigint NOT NULL DEFAULT 0;
+CREATE TABLE events (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
 INSERT INTO site VALUES (1);`)
 	path := c.writeConfig(`
 counters:
@@ -36,6 +39,7 @@ counters:
      where: { user_id: { not: null }, kind: [like, love], up: { not: false } }}
   - {name: post_votes, source: votes, key: post_id, target: posts, target_key: id, column: votes, sum: up}
   - {name: post_points, source: votes, key: post_id, target: posts, target_key: id, column: points, sum: total}
+  - {name: post_events, source: events, key: post_id, target: posts, target_key: id, column: events, append_only: true}
   - {name: site_votes, source: votes, target: site, target_key: id, target_row: 1, column: votes, where: { kind: { not: null } }}
 `)
 	addr := unusedAddr(t)
@@ -71,6 +75,9 @@ counters:
 				switch k := rng.IntN(10); {
 				case k < 4:
 					_, err = pool.Exec(ctx, "INSERT INTO votes (post_id, user_id, kind, up, base) VALUES ($1, $2, $3, $4, $5)", post, user, kinds[rng.IntN(4)], up, base)
+					if err == nil {
+						_, err = pool.Exec(ctx, "INSERT INTO events (post_id) VALUES ($1)", post)
+					}
 				case k < 5:
 					_, err = pool.Exec(ctx, "UPDATE votes SET up = NOT up, base = base + 1 WHERE id = "+pick, post)
 				case k < 6:
@@ -110,7 +117,8 @@ SELECT count(*) FROM posts p CROSS JOIN LATERAL (
          coalesce(sum(CASE WHEN v.up THEN 1 WHEN NOT v.up THEN -1 END), 0) AS v, coalesce(sum(v.total), 0) AS p
   FROM votes v WHERE v.post_id = p.id) t
 WHERE (p.reactions, p.votes, p.points) <> (t.r, t.v, t.p)
-  OR (SELECT votes FROM site) <> (SELECT count(*) FROM votes WHERE kind IS NOT NULL)`
+  OR (SELECT votes FROM site) <> (SELECT count(*) FROM votes WHERE kind IS NOT NULL)
+  OR p.events <> (SELECT count(*) FROM events e WHERE e.post_id = p.id)`
 	var n int
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		n = c.count(off)

@@ -234,15 +234,16 @@ type fileReconcile struct {
 }
 
 type fileCounter struct {
-	Name      string               `yaml:"name"`
-	Source    string               `yaml:"source"`
-	Key       string               `yaml:"key"`
-	Target    string               `yaml:"target"`
-	TargetKey string               `yaml:"target_key"`
-	Column    string               `yaml:"column"`
-	Sum       string               `yaml:"sum"`
-	Where     map[string]yaml.Node `yaml:"where"`
-	TargetRow yaml.Node            `yaml:"target_row"`
+	Name       string               `yaml:"name"`
+	Source     string               `yaml:"source"`
+	Key        string               `yaml:"key"`
+	Target     string               `yaml:"target"`
+	TargetKey  string               `yaml:"target_key"`
+	Column     string               `yaml:"column"`
+	Sum        string               `yaml:"sum"`
+	Where      map[string]yaml.Node `yaml:"where"`
+	TargetRow  yaml.Node            `yaml:"target_row"`
+	AppendOnly bool                 `yaml:"append_only"`
 }
 
 // decode expands data, decodes it over *cfg and returns the set of
@@ -364,13 +365,14 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 			return id
 		}
 		c := counter.Counter{
-			Name:      fc.Name,
-			Source:    fc.Source,
-			Key:       col("key", fc.Key),
-			Target:    fc.Target,
-			TargetKey: col("target_key", fc.TargetKey),
-			Column:    col("column", fc.Column),
-			Sum:       col("sum", fc.Sum),
+			Name:       fc.Name,
+			Source:     fc.Source,
+			Key:        col("key", fc.Key),
+			Target:     fc.Target,
+			TargetKey:  col("target_key", fc.TargetKey),
+			Column:     col("column", fc.Column),
+			Sum:        col("sum", fc.Sum),
+			AppendOnly: fc.AppendOnly,
 		}
 		if n := fc.TargetRow; n.Kind != 0 && n.Tag != "!!null" && !(n.Kind == yaml.ScalarNode && n.Value == "") {
 			if n.Kind != yaml.ScalarNode {

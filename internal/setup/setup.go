@@ -428,6 +428,9 @@ func CreateSlotSQL(v pgversion.Version) string {
 func (s *statements) fixIdentity(ctx context.Context, counters []counter.Counter) ([]string, error) {
 	need := map[string][]string{}
 	for _, c := range counters {
+		if c.AppendOnly {
+			continue // takes no updates or deletes to attribute
+		}
 		sc, t := c.SourceTable()
 		src := pgx.Identifier{sc, t}.Sanitize()
 		need[src] = append(need[src], c.ReadColumns()...)
