@@ -10,7 +10,7 @@ import (
 
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/pgversion"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/monitor"
 )
 

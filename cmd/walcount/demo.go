@@ -36,27 +36,28 @@ schema, slot and publication, all named walcount_demo, and drops them at the end
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fl := cmd.Flags()
 			if fl.Changed("database-url") {
-				opt.DatabaseURL = g.databaseURL
+				opt.DatabaseURL, _ = fl.GetString("database-url")
 			}
 			if fl.Changed("redis-url") {
-				opt.RedisURL = g.redisURL
+				opt.RedisURL, _ = fl.GetString("redis-url")
 			}
 			if fl.Changed("flush-interval") {
-				if g.flushInterval <= 0 {
+				d, _ := fl.GetDuration("flush-interval")
+				if d <= 0 {
 					return usageError{errors.New("--flush-interval must be positive")}
 				}
-				opt.FlushInterval = g.flushInterval
+				opt.FlushInterval = d
 			}
 			if opt.Duration <= 0 || opt.Clients <= 0 || opt.Posts < 2 {
 				return usageError{errors.New("--duration and --clients must be positive and --posts at least 2")}
 			}
 			level := demoLogLevel
 			if fl.Changed("log-level") {
-				level = g.logLevel
+				level, _ = fl.GetString("log-level")
 			}
 			format := config.LogFormatAuto
 			if fl.Changed("log-format") {
-				format = g.logFormat
+				format, _ = fl.GetString("log-format")
 			}
 			log, err := newLogger(level, format)
 			if err != nil {

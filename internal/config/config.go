@@ -92,7 +92,7 @@ type Config struct {
 	OnSlotLoss string `yaml:"on_slot_loss"`
 	// Counters are the counter caches to maintain; empty means
 	// []counter.Counter{counter.Default()}.
-	Counters []counter.Counter `yaml:"counters"`
+	Counters []counter.Counter `yaml:"-"`
 	// SlotSettings tune slot monitoring.
 	SlotSettings SlotSettings `yaml:"slot_monitor"`
 	// Reconcile tunes reconciliation.

@@ -17,8 +17,8 @@ import (
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // Defaults of Options.

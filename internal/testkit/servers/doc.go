@@ -1,6 +1,6 @@
 // Package servers starts private, throwaway PostgreSQL and Redis server
 // processes on the loopback interface. walcount's tests use it (through
-// internal/testenv) to run against the real thing, and `walcount demo` uses it
+// internal/testkit/testenv) to run against the real thing, and `walcount demo` uses it
 // to bring up a self-contained environment.
 //
 // # PostgreSQL
