@@ -105,7 +105,7 @@ lint:
 # demo runs walcount against throwaway servers under load and verifies every
 # count; pass flags with DEMO_FLAGS, e.g. make demo DEMO_FLAGS="--duration 1m".
 demo: deps-demo build
-	./$(BIN) demo $(DEMO_FLAGS)
+	$(GO) run ./internal/testkit/cmd/demo ./$(BIN) demo $(DEMO_FLAGS)
 
 # bench measures walcount against the alternatives on this machine (about 10
 # minutes) and writes bench/results/; QUICK=1 makes it a short run (-quick,

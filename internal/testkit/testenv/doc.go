@@ -1,5 +1,8 @@
 // Package testenv gives tests real PostgreSQL and Redis servers.
 //
+// It is part of the test kit (internal/testkit): for walcount's own tests,
+// demo and bench; not a stable API.
+//
 // Two kinds of helper exist. Postgres and Redis start a private server
 // process that the test controls (stop, crash, restart): crash tests need
 // them, and they always need the local server binaries. Database and

@@ -1,4 +1,4 @@
-package monitor_test
+package slot_test
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/testkit/testenv"
-	"github.com/walcount/walcount/monitor"
+	monitor "github.com/walcount/walcount/slot"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

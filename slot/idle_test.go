@@ -1,4 +1,4 @@
-package monitor_test
+package slot_test
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/internal/testkit/testenv"
-	"github.com/walcount/walcount/monitor"
+	monitor "github.com/walcount/walcount/slot"
 )
 
 // TestMonitorNamesIdleTimeout: on PostgreSQL 18 a slot without a reader for
