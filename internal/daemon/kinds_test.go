@@ -423,3 +423,36 @@ func TestAppendOnlySource(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDerivedValueOverCounters keeps a value derived from two of
+// walcount's counters as a STORED generated column of the target (a
+// controversy rank from up- and downvotes): every flush that changes a
+// counter recomputes it in the same row update, so it is exact whenever
+// the counters are.
+func TestDerivedValueOverCounters(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, `
+CREATE TABLE posts (id bigint PRIMARY KEY, ups bigint NOT NULL DEFAULT 0, downs bigint NOT NULL DEFAULT 0,
+  controversy bigint GENERATED ALWAYS AS (least(ups, downs) * 2 - abs(ups - downs)) STORED);
+CREATE TABLE votes (id bigserial PRIMARY KEY, post_id bigint, user_id bigint, kind text, status smallint,
+  up boolean, base integer, bonus integer);
+ALTER TABLE votes REPLICA IDENTITY FULL;
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;`, func(e *env) {
+		e.cfg = e.loadConfig(testSettings + `
+counters:
+  - {name: post_ups, source: votes, key: post_id, target: posts, target_key: id, column: ups, where: { up: true }}
+  - {name: post_downs, source: votes, key: post_id, target: posts, target_key: id, column: downs, where: { up: false }}
+`)
+	})
+	d := e.start()
+	kindsLoad(context.Background(), t, e, 3, 200)
+	e.waitCaughtUp(catchUp)
+	e.assertNone("derived rank", `
+SELECT p.id::text, format('%s/%s/%s', p.ups, p.downs, p.controversy), format('%s/%s/%s', t.u, t.d, least(t.u, t.d) * 2 - abs(t.u - t.d))
+FROM posts p CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE v.up) AS u, count(*) FILTER (WHERE NOT v.up) AS d FROM votes v WHERE v.post_id = p.id) t
+WHERE (p.ups, p.downs, p.controversy) <> (t.u, t.d, least(t.u, t.d) * 2 - abs(t.u - t.d))`)
+	e.assertHealthy(d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
