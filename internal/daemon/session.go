@@ -139,6 +139,18 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	// and 16), W read at the start included, even when the stream was
 	// asked to start elsewhere (tests replaying from the slot's position).
 	s.gate = sink.NewStandbyGate(d.pool, stream.Ack, d.log)
+	if d.slotDB != d.pool {
+		// Decoding on a hot standby: a W is confirmed only once the
+		// standby replayed the flush that wrote it.
+		var standby bool
+		if err := d.slotDB.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); err != nil {
+			stream.Close()
+			return nil, fmt.Errorf("read pg_is_in_recovery() of the replication server: %w", err)
+		}
+		if standby {
+			s.gate.WaitReplay(d.slotDB)
+		}
+	}
 	flusher.SetAck(s.gate.Committed)
 	s.gate.Committed(flusher.W())
 	if s.start, err = d.recover(ctx, flusher, stream.History()); err != nil {
@@ -342,7 +354,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 // counted. Every counter is then marked dirty, to be reconciled (design
 // rule 14).
 func (d *Daemon) checkSlotPosition(ctx context.Context, w cdc.LSN, meta buffer.Meta, history string) error {
-	st, err := monitor.ReadSlot(ctx, d.pool, d.cfg.Slot)
+	st, err := monitor.ReadSlot(ctx, d.slotDB, d.cfg.Slot)
 	if err != nil || !st.Exists || st.ConfirmedFlushLSN <= w {
 		return nil // the session reports an unreadable or missing slot itself
 	}
@@ -422,7 +434,7 @@ func (d *Daemon) stampBuffer(ctx context.Context, sys string) {
 // slot into monitor's SlotLostError; a missing slot keeps the stream's
 // cdc.ErrSlotMissing.
 func (d *Daemon) checkSlotLost(ctx context.Context, cause error) error {
-	st, err := monitor.ReadSlot(ctx, d.pool, d.cfg.Slot)
+	st, err := monitor.ReadSlot(ctx, d.slotDB, d.cfg.Slot)
 	if err != nil {
 		return nil
 	}
@@ -451,7 +463,7 @@ func (d *Daemon) streamTimeout(ctx context.Context) time.Duration {
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
 	var ms int64
-	if err := d.pool.QueryRow(rctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil {
+	if err := d.slotDB.QueryRow(rctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil {
 		return cdc.SilenceBound(0)
 	}
 	return max(cdc.SilenceBound(time.Duration(ms)*time.Millisecond), config.MinStreamTimeout)
@@ -472,12 +484,12 @@ func (d *Daemon) takeBackSlot(ctx context.Context, inUse error) error {
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
 	var active *int64
-	if err := d.pool.QueryRow(rctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, d.cfg.Slot).Scan(&active); err != nil ||
+	if err := d.slotDB.QueryRow(rctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, d.cfg.Slot).Scan(&active); err != nil ||
 		active == nil || *active != int64(pid) {
 		return nil
 	}
 	var ended bool
-	terr := d.pool.QueryRow(rctx, `SELECT pg_terminate_backend($1)`, int64(pid)).Scan(&ended)
+	terr := d.slotDB.QueryRow(rctx, `SELECT pg_terminate_backend($1)`, int64(pid)).Scan(&ended)
 	msg := "asked PostgreSQL to end it (pg_terminate_backend)"
 	if terr != nil {
 		msg = fmt.Sprintf("could not end it (%v); it ends at wal_sender_timeout, or end it with SELECT pg_terminate_backend(%d)", terr, pid)
