@@ -91,7 +91,13 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 	if c.pg.Major() < 16 {
 		return fmt.Sprintf("## 9. Decoding on a standby\n\nSkipped: PostgreSQL %d cannot decode on a standby (16 and later).\n\n", c.pg.Major()), nil
 	}
-	standby, err := c.pg.StartStandby(ctx, servers.StandbyOptions{})
+	// No copies of the primary arm's failover slot on the standby: the
+	// standby arm makes a slot of that name there.
+	var sopt servers.StandbyOptions
+	if c.pg.Major() >= 17 {
+		sopt.Settings = map[string]string{"sync_replication_slots": "off"}
+	}
+	standby, err := c.pg.StartStandby(ctx, sopt)
 	if err != nil {
 		return "", err
 	}
