@@ -2,6 +2,7 @@ package preflight_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -66,4 +67,35 @@ func TestStandbyDecoding(t *testing.T) {
 	want(t, findings, preflight.CheckStandbyDecoding, preflight.OK, "replication_url names a hot standby")
 	none(t, findings, preflight.CheckStandbyDecoding, preflight.Problem)
 	none(t, findings, preflight.CheckSlot, preflight.Problem)
+}
+
+// TestSmallerIdentityAdvice: a FULL source with a unique index over NOT
+// NULL columns holding every column the counter reads gets the advice of
+// REPLICA IDENTITY USING INDEX; one whose unique index has a nullable
+// column, or lacks the key, does not.
+func TestSmallerIdentityAdvice(t *testing.T) {
+	t.Parallel()
+	const posts = "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);\n"
+	for _, tc := range []struct {
+		name, schema string
+		advice       bool
+	}{
+		{"unique (post_id, user_id)", `CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL, UNIQUE (post_id, user_id));
+ALTER TABLE likes REPLICA IDENTITY FULL;`, true},
+		{"nullable column", `CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint, UNIQUE (post_id, user_id));
+ALTER TABLE likes REPLICA IDENTITY FULL;`, false},
+		{"only the surrogate key", `CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
+ALTER TABLE likes REPLICA IDENTITY FULL;`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, posts+tc.schema)
+			findings := run(t, f.cfg)
+			ok := want(t, findings, preflight.CheckReplicaIdentity, preflight.OK, "replica identity of public.likes is FULL")
+			const advice = "ALTER TABLE public.likes REPLICA IDENTITY USING INDEX likes_post_id_user_id_key"
+			if got := strings.Contains(ok.Message, advice); got != tc.advice {
+				t.Errorf("advice %v, want %v: %s", got, tc.advice, ok.Message)
+			}
+		})
+	}
 }
