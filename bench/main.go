@@ -129,7 +129,7 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby (default all but standby)")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary (default all but standby and binary)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -156,8 +156,8 @@ func run() int {
 		sections = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app or standby)\n", s)
+			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app, standby or binary)\n", s)
 				return 2
 			}
 			sections[s] = true
@@ -191,12 +191,12 @@ func run() int {
 	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
 	if only != "" {
 		var names []string
-		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby"} {
+		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary"} {
 			if sections[s] {
 				names = append(names, s)
 			}
 		}
-		if len(names) < 5 || sections["standby"] {
+		if len(names) < 5 || sections["standby"] || sections["binary"] {
 			r.only = strings.Join(names, "+")
 		}
 	}
@@ -254,6 +254,14 @@ func run() int {
 		if r.standby, err = runStandbyBench(ctx, b); err != nil {
 			return fail(err)
 		}
+	}
+	if sections["binary"] {
+		b.logf("10. pgoutput text or binary")
+		md, err := runBinaryBench(ctx, b)
+		if err != nil {
+			return fail(err)
+		}
+		r.standby += md
 	}
 	r.elapsed = time.Since(r.started)
 	r.busy = busy.String()
