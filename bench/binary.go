@@ -40,7 +40,16 @@ func runBinaryBench(ctx context.Context, b *bench) (string, error) {
 		return "", err
 	}
 	n := int(b.backlog)
-	if _, err := c.db.Exec(ctx, `SET synchronous_commit = off; CALL bench_backlog($1, 1, $2)`, n, zipfPosts); err != nil {
+	conn, err := c.db.Acquire(ctx)
+	if err != nil {
+		return "", err
+	}
+	_, err = conn.Exec(ctx, `SET synchronous_commit = off`)
+	if err == nil {
+		_, err = conn.Exec(ctx, `CALL bench_backlog($1, 1, $2)`, n, zipfPosts)
+	}
+	conn.Release()
+	if err != nil {
 		return "", fmt.Errorf("backlog: %w", err)
 	}
 	var end pglogrepl.LSN
