@@ -15,8 +15,8 @@ import (
 
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // Section 9: the primary's side of decoding on a standby. The primary
