@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,14 @@ import (
 // app's pool does the same. Below PostgreSQL 16 the test is skipped.
 func standbyEnv(t *testing.T) (*env, *servers.Postgres) {
 	t.Helper()
+	// The standby applies each commit a second after the primary made
+	// it: markers, flushes and reconciliation wait for replay.
+	return standbyEnvWith(t, map[string]string{"recovery_min_apply_delay": "1s"})
+}
+
+// standbyEnvWith is standbyEnv with the standby's settings.
+func standbyEnvWith(t *testing.T, settings map[string]string) (*env, *servers.Postgres) {
+	t.Helper()
 	ctx := context.Background()
 	var standby *servers.Postgres
 	e := newEnvWith(t, schema, func(e *env) {
@@ -28,9 +37,7 @@ func standbyEnv(t *testing.T) (*env, *servers.Postgres) {
 			t.Skipf("decoding on a standby needs PostgreSQL 16 or later; WALCOUNT_TEST_PG selects %d", e.pg.Major())
 		}
 		var err error
-		// The standby applies each commit a second after the primary
-		// made it: markers, flushes and reconciliation wait for replay.
-		standby, err = e.pg.StartStandby(ctx, servers.StandbyOptions{Settings: map[string]string{"recovery_min_apply_delay": "1s"}})
+		standby, err = e.pg.StartStandby(ctx, servers.StandbyOptions{Settings: settings})
 		if err != nil {
 			t.Fatalf("start standby: %v", err)
 		}
@@ -162,4 +169,47 @@ func waitStreamingSince(t *testing.T, d *running, since time.Time) {
 		st := d.d.Status(context.Background())
 		return st.Streaming && st.SessionStart != nil && st.SessionStart.After(since)
 	})
+}
+
+// TestStandbySlotConflictNamesCause: the standby that holds the slot runs
+// without hot_standby_feedback, and VACUUM on the primary removes catalog
+// rows the slot still needs. The standby invalidates the slot (a conflict
+// with recovery) and walcount stops with an error that names the cause
+// and the fix, as walcount status shows it.
+func TestStandbySlotConflictNamesCause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e, standby := standbyEnvWith(t, nil)
+	sb, err := pgxpool.New(ctx, standby.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	// Set up as check requires, then turned off.
+	for _, q := range []string{"ALTER SYSTEM SET hot_standby_feedback = off", "SELECT pg_reload_conf()"} {
+		if _, err := sb.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the primary no longer holding rows for the standby", func() bool {
+		var held bool
+		return e.db.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_type = 'physical' AND (xmin IS NOT NULL OR catalog_xmin IS NOT NULL))").Scan(&held) == nil && !held
+	})
+	// Catalog rows newer than the slot's catalog_xmin die and are removed.
+	// (Created and dropped in two transactions: rows a transaction both
+	// inserted and deleted conflict with nothing.)
+	e.exec("CREATE TABLE doomed (id int)")
+	e.exec("DROP TABLE doomed")
+	e.exec("VACUUM pg_class, pg_attribute, pg_type, pg_depend")
+	waitFor(t, "the standby invalidating the slot", func() bool {
+		_, _ = e.db.Exec(ctx, "SELECT pg_log_standby_snapshot()")
+		var conflicting bool
+		return sb.QueryRow(ctx, "SELECT coalesce(conflicting, false) FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Slot).Scan(&conflicting) == nil && conflicting
+	})
+	d := e.start()
+	err = d.wait(t, time.Minute)
+	if !isSlotLost(err) || !strings.Contains(err.Error(), "hot_standby_feedback = on") {
+		t.Fatalf("daemon returned %v, want a lost slot that names hot_standby_feedback", err)
+	}
+	t.Logf("stopped with: %v", err)
 }
