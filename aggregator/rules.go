@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -10,12 +9,13 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // ErrNotAttributable is wrapped when a change lacks a column a counter
 // needs: the replica identity does not carry it, or it arrived as an
 // unchanged TOASTed value with no old value to stand in for it.
-var ErrNotAttributable = errors.New("change cannot be attributed to a counter key")
+var ErrNotAttributable = operator.NewError("change cannot be attributed to a counter key")
 
 // rule is a counter bound to one version of its source relation.
 type rule struct {

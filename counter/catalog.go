@@ -7,11 +7,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // ErrBadTarget is wrapped when a counter's tables or columns do not exist,
 // or cannot hold what the counter writes into them.
-var ErrBadTarget = errors.New("counter target does not exist or cannot be used")
+var ErrBadTarget = operator.NewError("counter target does not exist or cannot be used")
 
 // Querier runs queries; *pgx.Conn, *pgxpool.Pool and pgx.Tx fit.
 type Querier interface {

@@ -19,12 +19,12 @@ import (
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/operator"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/slot"
-	"github.com/walcount/walcount/state"
 )
 
 // Defaults of Options.
@@ -248,23 +248,11 @@ func (d *Daemon) Pool() *pgxpool.Pool { return d.pool }
 // Redis returns the daemon's Redis client.
 func (d *Daemon) Redis() redis.UniversalClient { return d.rdb }
 
-// fatal reports whether err needs an operator rather than a retry.
-func fatal(err error) bool {
-	return errors.Is(err, failpoint.ErrCrash) ||
-		errors.Is(err, aggregator.ErrNotAttributable) ||
-		errors.Is(err, counter.ErrBadValue) ||
-		errors.Is(err, counter.ErrBadTarget) ||
-		errors.Is(err, counter.ErrPartialView) ||
-		errors.Is(err, state.ErrNoCheckpoint) ||
-		errors.Is(err, state.ErrNotSetUp) ||
-		errors.Is(err, state.ErrSchemaVersion) ||
-		errors.Is(err, state.ErrOwned) ||
-		errors.Is(err, state.ErrNotClaimed) ||
-		errors.Is(err, cdc.ErrSlotMissing) ||
-		errors.Is(err, buffer.ErrOtherDeployment) ||
-		errors.Is(err, cdc.ErrPooler) ||
-		isSlotLost(err)
-}
+// fatal reports whether err needs an operator rather than a retry. The
+// errors say it themselves (operator.Needed): the sentinels of counter,
+// state, buffer, aggregator, cdc, slot and failpoint that stop the daemon
+// are operator errors, and so is a *slot.SlotLostError.
+func fatal(err error) bool { return operator.Needed(err) }
 
 // Run runs sessions until ctx is done (returns nil after a clean
 // shutdown) or a fatal error occurs.

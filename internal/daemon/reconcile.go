@@ -13,9 +13,9 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -198,12 +198,13 @@ func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
 	if _, err := sconn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, d.cfg.Slot); err != nil {
 		return fmt.Errorf("drop the lost slot: %w", err)
 	}
-	var primary setup.Execer
+	var primary slot.Execer
 	if d.slotDB != d.pool {
 		primary = d.pool
 	}
 	stopWatch := d.watchSlotCreation(ctx, sconn.Conn().PgConn().PID())
-	lsn, err := setup.CreateSlot(ctx, sconn, primary, d.cfg.Slot)
+	var lsn state.LSN
+	err = slot.Create(ctx, sconn, primary, d.cfg.Slot, &lsn)
 	stopWatch()
 	if err != nil {
 		return fmt.Errorf("create the slot: %w", err)

@@ -8,9 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/internal/preflight"
-	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/slot"
+	"github.com/walcount/walcount/state"
 )
 
 // TestStandbyDecoding points replication_url at a hot standby whose
@@ -41,8 +42,8 @@ func TestStandbyDecoding(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb.Close(ctx)
-	lsn, err := setup.CreateSlot(ctx, sb, primary, f.cfg.Slot)
-	if err != nil {
+	var lsn state.LSN
+	if err := slot.Create(ctx, sb, primary, f.cfg.Slot, &lsn); err != nil {
 		t.Fatalf("create the slot on the standby: %v", err)
 	}
 	t.Cleanup(func() { _, _ = sb.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", f.cfg.Slot) })

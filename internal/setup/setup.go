@@ -34,6 +34,7 @@ import (
 	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/publication"
 	"github.com/walcount/walcount/internal/redact"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -340,10 +341,8 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 		defer c.Close(context.WithoutCancel(ctx))
 		slotConn = c
 	}
-	var slotExists bool
-	var plugin string
-	err := slotConn.QueryRow(ctx, "SELECT true, coalesce(plugin, '') FROM pg_replication_slots WHERE slot_name = $1", cfg.Slot).Scan(&slotExists, &plugin)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	plugin, slotExists, err := slot.Plugin(ctx, slotConn, cfg.Slot)
+	if err != nil {
 		return fmt.Errorf("read replication slot: %w", err)
 	}
 	if slotExists && plugin != "pgoutput" && !opt.RecreateSlot {
@@ -356,25 +355,26 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 		}
 	}
 	if slotExists && opt.RecreateSlot {
-		if _, err := slotConn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
+		if err := slot.Drop(ctx, slotConn, cfg.Slot); err != nil {
 			return fmt.Errorf("drop replication slot %q: %w", cfg.Slot, err)
 		}
 		slotExists = false
 	}
 	if !slotExists {
 		if s.print {
-			_ = s.exec(ctx, CreateSlotSQL(version), cfg.Slot)
+			_ = s.exec(ctx, slot.CreateSQL(version), cfg.Slot)
 			_ = s.exec(ctx, state.InitCheckpointFromSlotSQL, cfg.Slot)
 			return nil
 		}
 		stopWatch := watchSlotCreation(ctx, cfg.DatabaseURL, cfg.Slot, slotConn.PgConn().PID(), opt.Waits)
 		// The primary is asked for snapshots on its own connection, never
 		// on the one that creates the slot.
-		var primary Execer
+		var primary slot.Execer
 		if slotConn != s.conn {
 			primary = s.conn
 		}
-		lsn, err := CreateSlot(ctx, slotConn, primary, cfg.Slot)
+		var lsn state.LSN
+		err := slot.Create(ctx, slotConn, primary, cfg.Slot, &lsn)
 		stopWatch()
 		if err != nil {
 			return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
@@ -412,8 +412,8 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	// The slot exists: keep the checkpoint, or start one at the slot's
 	// confirmed position when it is missing.
 	var confirmed state.LSN
-	if err := slotConn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", cfg.Slot).Scan(&confirmed); err != nil {
-		return fmt.Errorf("read replication slot %q: %w", cfg.Slot, err)
+	if err := slot.ConfirmedFlush(ctx, slotConn, cfg.Slot, &confirmed); err != nil {
+		return err
 	}
 	w, err := state.InitCheckpoint(ctx, s.conn, cfg.Slot, confirmed, false)
 	if err != nil {
@@ -424,17 +424,6 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	}
 	s.res.CheckpointLSN = w.String()
 	return nil
-}
-
-// CreateSlotSQL creates walcount's slot ($1) and returns its consistent
-// point. From PostgreSQL 17 on the slot is a failover slot: standbys that
-// synchronise slots keep a copy, so that it survives a failover (design
-// rule 16).
-func CreateSlotSQL(v pgversion.Version) string {
-	if v.FailoverSlots() {
-		return "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
-	}
-	return "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
 }
 
 // fixIdentity sets REPLICA IDENTITY FULL on each source whose identity

@@ -1,4 +1,4 @@
-package setup
+package slot
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walcount/walcount/internal/pgversion"
-	"github.com/walcount/walcount/state"
 )
 
 // Execer runs a statement; *pgx.Conn and *pgxpool.Pool fit.
@@ -20,27 +19,28 @@ type Execer interface {
 // to log a running-transactions record (pg_log_standby_snapshot).
 const SnapshotNudge = 500 * time.Millisecond
 
-// CreateSlot creates walcount's slot named name on the server of slotConn
-// and returns its consistent point. On a primary it is CreateSlotSQL. On a
+// Create creates walcount's slot named name on the server of slotConn and
+// scans its consistent point into lsn (a *state.LSN). On a primary it is
+// CreateSQL. On a
 // hot standby (decoding on a standby, PostgreSQL 16 and later) the slot is
 // not a failover slot (a standby cannot make one), and its creation waits
 // for a running-transactions record replayed from the primary, which the
 // primary logs only every 15 s (with its bgwriter) and not at all while
 // idle: while it waits, the primary (primary, database_url's server) is
 // asked for one with pg_log_standby_snapshot() every SnapshotNudge.
-func CreateSlot(ctx context.Context, slotConn pgversion.Querier, primary Execer, name string) (state.LSN, error) {
+func Create(ctx context.Context, slotConn pgversion.Querier, primary Execer, name string, lsn any) error {
 	v, err := pgversion.Read(ctx, slotConn)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	var standby bool
 	if err := slotConn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
-		return 0, fmt.Errorf("read pg_is_in_recovery(): %w", err)
+		return fmt.Errorf("read pg_is_in_recovery(): %w", err)
 	}
-	create := CreateSlotSQL(v)
+	create := CreateSQL(v)
 	if standby {
 		if !v.StandbyDecoding() {
-			return 0, fmt.Errorf("replication_url names a standby of PostgreSQL %s: decoding on a standby needs PostgreSQL 16 or later; point replication_url at the primary", v)
+			return fmt.Errorf("replication_url names a standby of PostgreSQL %s: decoding on a standby needs PostgreSQL 16 or later; point replication_url at the primary", v)
 		}
 		create = "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
 		if primary != nil {
@@ -48,11 +48,7 @@ func CreateSlot(ctx context.Context, slotConn pgversion.Querier, primary Execer,
 			defer stop()
 		}
 	}
-	var lsn state.LSN
-	if err := slotConn.QueryRow(ctx, create, name).Scan(&lsn); err != nil {
-		return 0, err
-	}
-	return lsn, nil
+	return slotConn.QueryRow(ctx, create, name).Scan(lsn)
 }
 
 // nudgeSnapshots calls pg_log_standby_snapshot() on the primary every
