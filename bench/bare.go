@@ -29,6 +29,12 @@ type bareResult struct {
 // once, which is fine here and wrong for walcount (design rule 3). It
 // returns when a transaction ending past end has arrived.
 func bareDrain(ctx context.Context, url, publication string, end pglogrepl.LSN) (bareResult, error) {
+	return bareDrainOn(ctx, url, publication, bareSlot, end)
+}
+
+// bareDrainOn is bareDrain on the slot named slot, with extra pgoutput
+// options (such as "binary 'true'").
+func bareDrainOn(ctx context.Context, url, publication, slot string, end pglogrepl.LSN, extra ...string) (bareResult, error) {
 	var res bareResult
 	start := time.Now()
 	cfg, err := pgconn.ParseConfig(url)
@@ -41,13 +47,13 @@ func bareDrain(ctx context.Context, url, publication string, end pglogrepl.LSN) 
 		return res, fmt.Errorf("connect for replication: %w", err)
 	}
 	defer conn.Close(context.Background())
-	err = pglogrepl.StartReplication(ctx, conn, bareSlot, 0, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
-		PluginArgs: []string{
+		PluginArgs: append([]string{
 			"proto_version '1'",
 			"publication_names '" + publication + "'",
 			"messages 'true'",
-		},
+		}, extra...),
 	})
 	if err != nil {
 		return res, fmt.Errorf("start replication: %w", err)

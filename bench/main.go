@@ -129,7 +129,7 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -150,13 +150,15 @@ func run() int {
 		b.rounds, b.warmup, b.measure, b.backlog = quickRounds, quickWarmup, quickMeasure, quickBacklog
 		b.freshWarmup, b.freshMeasure = quickFreshWarmup, quickFreshMeasure
 	}
-	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true}
+	// The standby section (9) says it was skipped below PostgreSQL 16
+	// (WALCOUNT_TEST_PG selects the server).
+	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true, "standby": true, "binary": true}
 	if only != "" {
 		sections = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile or app)\n", s)
+			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app, standby or binary)\n", s)
 				return 2
 			}
 			sections[s] = true
@@ -190,12 +192,12 @@ func run() int {
 	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
 	if only != "" {
 		var names []string
-		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app"} {
+		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary"} {
 			if sections[s] {
 				names = append(names, s)
 			}
 		}
-		if len(names) < 5 {
+		if len(names) < 7 {
 			r.only = strings.Join(names, "+")
 		}
 	}
@@ -247,6 +249,20 @@ func run() int {
 		if r.app, err = runAppSide(ctx, b); err != nil {
 			return fail(err)
 		}
+	}
+	if sections["standby"] {
+		b.logf("9. decoding on a standby, the primary pinned")
+		if r.standby, err = runStandbyBench(ctx, b); err != nil {
+			return fail(err)
+		}
+	}
+	if sections["binary"] {
+		b.logf("10. pgoutput text or binary")
+		md, err := runBinaryBench(ctx, b)
+		if err != nil {
+			return fail(err)
+		}
+		r.standby += md
 	}
 	r.elapsed = time.Since(r.started)
 	r.busy = busy.String()

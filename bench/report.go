@@ -28,6 +28,8 @@ type results struct {
 	// reconcile is section 7; reconcileErr says why it failed.
 	reconcile    *reconcileResult
 	reconcileErr error
+	// standby is section 9, as markdown ("" when it did not run).
+	standby string
 	// app is section 8, without walcount and with it.
 	app []appSideResult
 	// busy describes the load average and CPU steal during the run.
@@ -121,6 +123,7 @@ func (r *results) markdown() string {
 	if len(r.app) > 0 {
 		r.appSection(&b)
 	}
+	b.WriteString(r.standby)
 	r.targetsSection(&b)
 	return b.String()
 }

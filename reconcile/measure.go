@@ -140,23 +140,48 @@ func (r *Reconciler) markerJSON(id string, phase int) string {
 // wait waits for ch, failing early when failed closes (the measurement
 // ended with an error).
 func (r *Reconciler) wait(ctx context.Context, ch, failed <-chan struct{}, what string) error {
-	t := time.NewTimer(r.opt.StepTimeout)
+	stall := r.stallTimer()
+	t := time.NewTicker(min(r.opt.StepTimeout, 100*time.Millisecond))
 	defer t.Stop()
-	select {
-	case <-ch:
-		return nil
-	case <-failed:
-		return errSessionRestarted
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return fmt.Errorf("timed out after %s waiting for %s", r.opt.StepTimeout, what)
+	for {
+		select {
+		case <-ch:
+			return nil
+		case <-failed:
+			return errSessionRestarted
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if stall() {
+				return fmt.Errorf("timed out after %s without progress of the stream waiting for %s", r.opt.StepTimeout, what)
+			}
+		}
+	}
+}
+
+// stallTimer returns a function that reports whether StepTimeout passed
+// since the stream last moved (Options.Progress), or since the call when
+// there is no Progress.
+func (r *Reconciler) stallTimer() func() bool {
+	var last cdc.LSN
+	if r.opt.Progress != nil {
+		last = r.opt.Progress()
+	}
+	deadline := time.Now().Add(r.opt.StepTimeout)
+	return func() bool {
+		if r.opt.Progress != nil {
+			if cur := r.opt.Progress(); cur != last {
+				last = cur
+				deadline = time.Now().Add(r.opt.StepTimeout)
+			}
+		}
+		return time.Now().After(deadline)
 	}
 }
 
 // waitCheckpoint flushes until W reaches lsn.
 func (r *Reconciler) waitCheckpoint(ctx context.Context, lsn cdc.LSN, failed <-chan struct{}) error {
-	deadline := time.Now().Add(r.opt.StepTimeout)
+	stall := r.stallTimer()
 	for {
 		w, err := state.ReadCheckpoint(ctx, r.opt.Pool, r.opt.Slot)
 		if err != nil {
@@ -165,8 +190,8 @@ func (r *Reconciler) waitCheckpoint(ctx context.Context, lsn cdc.LSN, failed <-c
 		if w >= lsn {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s waiting for the checkpoint to pass %s (at %s)", r.opt.StepTimeout, lsn, w)
+		if stall() {
+			return fmt.Errorf("timed out after %s without progress of the stream waiting for the checkpoint to pass %s (at %s)", r.opt.StepTimeout, lsn, w)
 		}
 		if r.opt.Flush != nil {
 			if err := r.opt.Flush(ctx); err != nil && !errors.Is(err, ErrNotStreaming) {

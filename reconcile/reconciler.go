@@ -101,9 +101,15 @@ type Options struct {
 	Poll  time.Duration
 	// Failpoints are armed by crash tests; nil in production.
 	Failpoints *failpoint.Set
-	// StepTimeout: default DefaultStepTimeout.
+	// StepTimeout: default DefaultStepTimeout. It bounds a wait in which
+	// the stream made no progress (see Progress), not the wait itself.
 	StepTimeout time.Duration
-	Metrics     *metrics.Metrics
+	// Progress, when set, returns the stream's received position: a
+	// wait is cut short only after StepTimeout without that position
+	// moving, so that a standby that decodes and applies the primary's
+	// WAL late (replay lag) delays a measurement, never fails it.
+	Progress func() cdc.LSN
+	Metrics  *metrics.Metrics
 	// Tally, when not nil, counts the corrections applied per counter
 	// for /status.
 	Tally  *counter.Tally

@@ -2,12 +2,14 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/cdc"
@@ -47,6 +49,10 @@ type StandbyGate struct {
 	// Poll and Refresh: defaults DefaultGatePoll and DefaultGateRefresh.
 	Poll, Refresh time.Duration
 
+	// replica is the hot standby that holds the slot and decodes, nil
+	// when the slot is on the primary (see WaitReplay).
+	replica GateQuerier
+
 	mu        sync.Mutex
 	slots     []string
 	slotsRead time.Time
@@ -67,13 +73,27 @@ func NewStandbyGate(q GateQuerier, ack AckFunc, log *zap.Logger) *StandbyGate {
 	return &StandbyGate{q: q, ack: ack, log: log, Poll: DefaultGatePoll, Refresh: DefaultGateRefresh, kick: make(chan struct{}, 1)}
 }
 
+// ErrPromoted means the hot standby that holds the slot is a primary now:
+// the session ends, and the next one finds the slot on a primary.
+var ErrPromoted = errors.New("the standby that holds the slot was promoted")
+
+// WaitReplay makes the gate also hold every W back until the hot standby
+// that holds the slot (decoding on a standby, PostgreSQL 16 and later) has
+// received the flush transaction that wrote it (pg_last_wal_receive_lsn:
+// flushed to its disk, replayed at the latest by a promotion). A slot confirmed past the W
+// its own server holds would, after a promotion of that standby, skip the
+// changes in between for good: the checkpoint there would still be the
+// earlier W. Call it before the first Committed. Run returns ErrPromoted
+// once the standby is no longer in recovery.
+func (g *StandbyGate) WaitReplay(replica GateQuerier) { g.replica = replica }
+
 // Committed is the flusher's AckFunc: W committed. It passes W on at once
 // when no standby must carry the slot, and queues it otherwise.
 func (g *StandbyGate) Committed(w cdc.LSN) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	slots, err := g.standbySlots(ctx)
-	if err == nil && len(slots) == 0 {
+	if err == nil && len(slots) == 0 && g.replica == nil {
 		g.pass(w)
 		return
 	}
@@ -155,6 +175,31 @@ func (g *StandbyGate) standbySlots(ctx context.Context) ([]string, error) {
 	return slots, nil
 }
 
+// replayed reads how far the standby that holds the slot has received
+// and flushed the primary's WAL: a promotion replays all of it before the
+// standby opens, so a flush it has is a flush the promoted standby has.
+func (g *StandbyGate) replayed(ctx context.Context) (cdc.LSN, error) {
+	var recovery bool
+	var lsn *cdc.LSN
+	if err := g.replica.QueryRow(ctx, `SELECT pg_is_in_recovery(), pg_last_wal_receive_lsn()::text`).Scan(&recovery, &lsn); err != nil {
+		return 0, err
+	}
+	if !recovery {
+		return 0, ErrPromoted
+	}
+	if lsn == nil {
+		return 0, errors.New("the standby has received nothing yet")
+	}
+	return *lsn, nil
+}
+
+// shuttingDown reports whether err is the refusal of a server that shuts
+// down (SQLSTATE 57P03, "the database system is shutting down").
+func shuttingDown(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57P03" && strings.Contains(pgErr.Message, "shutting down")
+}
+
 // Run releases the queued Ws as the standbys pass them, until ctx is
 // done. A slot named in synchronized_standby_slots that does not exist
 // never passes: PostgreSQL itself waits for it too.
@@ -178,7 +223,7 @@ func (g *StandbyGate) Run(ctx context.Context) error {
 		if err != nil {
 			continue
 		}
-		if len(slots) == 0 {
+		if len(slots) == 0 && g.replica == nil {
 			// The setting was cleared: nothing to wait for.
 			g.mu.Lock()
 			w := g.latest
@@ -187,10 +232,33 @@ func (g *StandbyGate) Run(ctx context.Context) error {
 			continue
 		}
 		var flushed *cdc.LSN
-		err = g.q.QueryRow(ctx, `SELECT CASE WHEN count(*) = cardinality($1::text[]) THEN min(restart_lsn)::text END
+		if len(slots) > 0 {
+			err = g.q.QueryRow(ctx, `SELECT CASE WHEN count(*) = cardinality($1::text[]) THEN min(restart_lsn)::text END
 FROM pg_replication_slots WHERE slot_name = ANY ($1) AND slot_type = 'physical'`, slots).Scan(&flushed)
-		if err != nil || flushed == nil {
-			continue
+			if err != nil || flushed == nil {
+				continue
+			}
+		}
+		if g.replica != nil {
+			replayed, err := g.replayed(ctx)
+			if err != nil {
+				if errors.Is(err, ErrPromoted) {
+					return err
+				}
+				if shuttingDown(err) {
+					// Its shutdown waits until walcount confirmed all
+					// it was sent, and it receives no more WAL: the
+					// flushes it lacks it gets after its restart.
+					g.mu.Lock()
+					w := g.latest
+					g.mu.Unlock()
+					g.pass(w)
+				}
+				continue
+			}
+			if flushed == nil || replayed < *flushed {
+				flushed = &replayed
+			}
 		}
 		g.mu.Lock()
 		var w cdc.LSN

@@ -57,9 +57,9 @@ const (
 var reasonMeaning = map[string]string{
 	walRemoved:               "WAL the slot needed was removed (max_slot_wal_keep_size)",
 	ReasonIdleTimeout:        "the slot had no reader for longer than idle_replication_slot_timeout",
-	"rows_removed":           "rows the slot needed were removed on the primary (a standby's slot)",
+	"rows_removed":           "catalog rows the slot needed were removed by VACUUM on the primary (a slot on a hot standby whose hot_standby_feedback is off, or was lost while the standby was disconnected without primary_slot_name); fix: on the standby ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();",
 	"wal_level_insufficient": "wal_level on the primary is no longer logical (a standby's slot)",
-	"conflicting":            "the slot conflicted with recovery on a standby",
+	"conflicting":            "the slot conflicted with recovery on a standby: catalog rows it needed were removed on the primary (hot_standby_feedback off) or wal_level there is no longer logical; fix: on the standby ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();",
 }
 
 // InvalidationMeaning says in words what an invalidation_reason means;

@@ -132,7 +132,7 @@ func slotQuery(v pgversion.Version) string {
 	}
 	return `
 SELECT
-	pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
+	pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END, '0/0')::bigint,
 	s.slot_name IS NOT NULL,
 	coalesce(s.plugin, ''),
 	coalesce(s.slot_type, ''),
@@ -158,8 +158,9 @@ LEFT JOIN pg_stat_replication_slots AS st ON st.slot_name = $1`
 
 // ReadSlot reads the status of the replication slot named slot. A slot that
 // does not exist is not an error: the result has Exists false (see
-// SlotStatus.Err). It needs PostgreSQL 14 or later, and a primary, since
-// pg_current_wal_lsn() fails during recovery.
+// SlotStatus.Err). It needs PostgreSQL 14 or later. On a hot standby (a
+// slot that decodes there) the current position is the standby's replay
+// position, the end of what its walsender can decode.
 func ReadSlot(ctx context.Context, q Querier, slot string) (SlotStatus, error) {
 	v, err := pgversion.Read(ctx, q)
 	if err != nil {

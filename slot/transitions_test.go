@@ -187,7 +187,7 @@ func TestSlotLostErrorMessage(t *testing.T) {
 				"counts can no longer be kept exact from the stream. " +
 				"Run `walcount setup --recreate-slot` (walcount then repairs every counter by itself), or set on_slot_loss: recreate"},
 		{SlotLostError{Slot: "walcount", Reason: "rows_removed"},
-			"replication slot \"walcount\" is invalidated (wal_status=null, invalidation_reason=rows_removed: rows the slot needed were removed on the primary (a standby's slot)): " +
+			"replication slot \"walcount\" is invalidated (wal_status=null, invalidation_reason=rows_removed: catalog rows the slot needed were removed by VACUUM on the primary (a slot on a hot standby whose hot_standby_feedback is off, or was lost while the standby was disconnected without primary_slot_name); fix: on the standby ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();): " +
 				"the server will not decode changes for it any more; " +
 				"counts can no longer be kept exact from the stream. " +
 				"Run `walcount setup --recreate-slot` (walcount then repairs every counter by itself), or set on_slot_loss: recreate"},

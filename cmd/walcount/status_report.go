@@ -55,7 +55,18 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	}
 	defer conn.Close(context.Background())
 	var r statusReport
-	if r.Slot, err = slot.ReadSlot(ctx, conn, cfg.Slot); err != nil {
+	// The slot lives where replication_url points (a hot standby that
+	// decodes, or a pooler's direct connection).
+	slotConn := conn
+	if cfg.SeparateSlotServer() {
+		sc, err := cfg.ConnectSlotSQL(ctx)
+		if err != nil {
+			return fmt.Errorf("connect to the replication URL %s: %s", redact.URL(cfg.ReplicationURL), redact.URL(err.Error()))
+		}
+		defer sc.Close(context.Background())
+		slotConn = sc
+	}
+	if r.Slot, err = slot.ReadSlot(ctx, slotConn, cfg.Slot); err != nil {
 		return err
 	}
 	if w, age, err := state.ReadCheckpointAge(ctx, conn, cfg.Slot); err != nil {

@@ -65,3 +65,39 @@ func (c Config) ConnectSQLWith(ctx context.Context, params map[string]string) (*
 	}
 	return conn, err
 }
+
+// SeparateSlotServer reports whether the replication slot is read and
+// written through another URL than the SQL pool: replication_url is set to
+// another URL than database_url. It is then either the direct connection
+// to a primary that database_url reaches through a pooler, or a hot
+// standby that decodes (PostgreSQL 16 and later), where the slot lives
+// while heartbeats, flushes, markers and reconciliation go to the primary.
+func (c Config) SeparateSlotServer() bool { return c.PooledSQL() }
+
+// SlotConnConfig returns the configuration of an SQL (not replication)
+// connection to the server that holds the slot: replication_url without a
+// replication parameter, which is for the stream walcount run opens
+// itself. Call it only when SeparateSlotServer.
+func (c Config) SlotConnConfig() (*pgx.ConnConfig, error) {
+	cc, err := pgx.ParseConfig(c.ReplicationURL)
+	if err != nil {
+		return nil, err
+	}
+	delete(cc.RuntimeParams, "replication")
+	cc.RuntimeParams["application_name"] = "walcount"
+	return cc, nil
+}
+
+// ConnectSlotSQL opens an SQL connection to the server that holds the
+// slot: replication_url when SeparateSlotServer, else database_url (as
+// ConnectSQL).
+func (c Config) ConnectSlotSQL(ctx context.Context) (*pgx.Conn, error) {
+	if !c.SeparateSlotServer() {
+		return c.ConnectSQL(ctx)
+	}
+	cc, err := c.SlotConnConfig()
+	if err != nil {
+		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, cc)
+}

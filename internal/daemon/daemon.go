@@ -80,9 +80,14 @@ type Daemon struct {
 	// tally holds what the stages count for /status, across sessions.
 	tally *counter.Tally
 	pool  *pgxpool.Pool
-	rdb   redis.UniversalClient
-	buf   *buffer.Redis
-	lag   *sink.LagTracker
+	// slotDB reaches the server that holds the slot: replication_url's
+	// when it names another server than database_url (a hot standby that
+	// decodes, or a pooler's direct connection), else pool. Every read
+	// and write of the slot goes there; everything else goes to pool.
+	slotDB *pgxpool.Pool
+	rdb    redis.UniversalClient
+	buf    *buffer.Redis
+	lag    *sink.LagTracker
 	// flushes outlives sessions: a restarted session meets the markers
 	// of flushes an earlier one made.
 	flushes *sink.FlushLog
@@ -181,9 +186,17 @@ func New(opt Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create postgres pool: %w", err)
 	}
+	slotDB := pool
+	if cfg.SeparateSlotServer() {
+		if slotDB, err = newSlotPool(cfg); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
 	ropt, err := cfg.RedisOptions()
 	if err != nil {
 		pool.Close()
+		closeSlotPool(pool, slotDB)
 		return nil, &config.Error{Problems: []config.Problem{{Field: "redis_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.RedisURL), redactErr(err))}}}
 	}
 	rdb := redisconn.New(ropt, opt.Logger)
@@ -197,11 +210,12 @@ func New(opt Options) (*Daemon, error) {
 		m:       opt.Metrics,
 		tally:   counter.NewTally(),
 		pool:    pool,
+		slotDB:  slotDB,
 		rdb:     rdb,
 		buf:     buffer.New(rdb, cfg.Slot),
 		lag:     sink.NewLagTracker(0),
 		flushes: sink.NewFlushLog(),
-		mon: slot.New(slot.Options{Querier: pool, Slot: cfg.Slot, Interval: cfg.SlotSettings.PollInterval,
+		mon: slot.New(slot.Options{Querier: slotDB, Slot: cfg.Slot, Interval: cfg.SlotSettings.PollInterval,
 			MaxLagBytes: cfg.SlotSettings.MaxLagBytes, Metrics: opt.Metrics, Logger: opt.Logger,
 			KeepWatchingLostSlot: cfg.OnSlotLoss == config.SlotLossRecreate}),
 	}
@@ -224,6 +238,7 @@ func redactErr(err error) string { return redact.URL(err.Error()) }
 // Close releases the connections. Call it after Run returned.
 func (d *Daemon) Close() {
 	d.pool.Close()
+	closeSlotPool(d.pool, d.slotDB)
 	_ = d.rdb.Close()
 }
 
@@ -425,3 +440,30 @@ type redactedError struct{ err error }
 
 func (e redactedError) Error() string { return redact.URL(e.err.Error()) }
 func (e redactedError) Unwrap() error { return e.err }
+
+// newSlotPool opens the small pool of SQL connections to replication_url's
+// server (see Daemon.slotDB).
+func newSlotPool(cfg config.Config) (*pgxpool.Pool, error) {
+	scfg, err := pgxpool.ParseConfig(cfg.ReplicationURL)
+	if err != nil {
+		return nil, &config.Error{Problems: []config.Problem{{Field: "replication_url", Msg: fmt.Sprintf("cannot parse %s: %v", redact.URL(cfg.ReplicationURL), redactErr(err))}}}
+	}
+	delete(scfg.ConnConfig.RuntimeParams, "replication")
+	scfg.ConnConfig.RuntimeParams["application_name"] = "walcount"
+	for k, v := range config.PostgresSessionSettings {
+		scfg.ConnConfig.RuntimeParams[k] = v
+	}
+	scfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(context.Background(), scfg)
+	if err != nil {
+		return nil, fmt.Errorf("create the replication server's pool: %w", err)
+	}
+	return pool, nil
+}
+
+// closeSlotPool closes slotDB when it is a pool of its own.
+func closeSlotPool(pool, slotDB *pgxpool.Pool) {
+	if slotDB != pool {
+		slotDB.Close()
+	}
+}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/slot"
@@ -38,12 +38,24 @@ func (d *Daemon) newReconciler() *reconcile.Reconciler {
 		Flush:            d.flushNow,
 		Busy:             d.busy,
 		Streaming:        d.streaming,
+		Progress:         d.receivedLSN,
 		Keepable:         d.keepable,
 		Metrics:          d.m,
 		Tally:            d.tally,
 		Logger:           d.log,
 		Failpoints:       d.opt.Failpoints,
 	})
+}
+
+// receivedLSN is the current stream's received position, 0 between
+// sessions.
+func (d *Daemon) receivedLSN() cdc.LSN {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state.stream == nil {
+		return 0
+	}
+	return d.state.stream.ReceivedLSN()
 }
 
 // streaming reports whether a session streams from the slot.
@@ -176,25 +188,32 @@ func (d *Daemon) markDegraded(name string, degraded bool, why string) error {
 func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
 	d.log.Warn("the replication slot is lost or missing; recreating it (on_slot_loss: recreate): every counter is marked dirty and reconciled",
 		zap.Error(redactedError{cause}))
+	// The slot is dropped and made where it lives (d.slotDB, a hot
+	// standby that decodes included); the checkpoint is on the primary.
+	sconn, err := d.slotDB.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer sconn.Release()
+	if _, err := sconn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, d.cfg.Slot); err != nil {
+		return fmt.Errorf("drop the lost slot: %w", err)
+	}
+	var primary slot.Execer
+	if d.slotDB != d.pool {
+		primary = d.pool
+	}
+	stopWatch := d.watchSlotCreation(ctx, sconn.Conn().PgConn().PID())
+	var lsn state.LSN
+	err = slot.Create(ctx, sconn, primary, d.cfg.Slot, &lsn)
+	stopWatch()
+	if err != nil {
+		return fmt.Errorf("create the slot: %w", err)
+	}
 	conn, err := d.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	if err := slot.DropInactive(ctx, conn, d.cfg.Slot); err != nil {
-		return fmt.Errorf("drop the lost slot: %w", err)
-	}
-	v, err := pgversion.Read(ctx, conn)
-	if err != nil {
-		return err
-	}
-	var lsn state.LSN
-	stopWatch := d.watchSlotCreation(ctx, conn.Conn().PgConn().PID())
-	err = conn.QueryRow(ctx, slot.CreateSQL(v), d.cfg.Slot).Scan(&lsn)
-	stopWatch()
-	if err != nil {
-		return fmt.Errorf("create the slot: %w", err)
-	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := state.InitCheckpoint(ctx, tx, d.cfg.Slot, lsn, true); err != nil {
 			return err

@@ -122,7 +122,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	if err != nil {
 		// A lost slot fails START_REPLICATION with the server's words;
 		// the slot's own row says what to do.
-		if err := slot.StartError(ctx, d.pool, d.cfg.Slot, err); isSlotLost(err) {
+		if err := slot.StartError(ctx, d.slotDB, d.cfg.Slot, err); isSlotLost(err) {
 			return nil, err
 		}
 		if errors.Is(err, cdc.ErrSlotInUse) {
@@ -141,6 +141,18 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	// and 16), W read at the start included, even when the stream was
 	// asked to start elsewhere (tests replaying from the slot's position).
 	s.gate = sink.NewStandbyGate(d.pool, stream.Ack, d.log)
+	if d.slotDB != d.pool {
+		// Decoding on a hot standby: a W is confirmed only once the
+		// standby replayed the flush that wrote it.
+		var standby bool
+		if err := d.slotDB.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); err != nil {
+			stream.Close()
+			return nil, fmt.Errorf("read pg_is_in_recovery() of the replication server: %w", err)
+		}
+		if standby {
+			s.gate.WaitReplay(d.slotDB)
+		}
+	}
 	flusher.SetAck(s.gate.Committed)
 	s.gate.Committed(flusher.W())
 	if s.start, err = d.recover(ctx, flusher, stream.History()); err != nil {
@@ -355,7 +367,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 // counted. Every counter is then marked dirty, to be reconciled (design
 // rule 14).
 func (d *Daemon) checkSlotPosition(ctx context.Context, w cdc.LSN, meta buffer.Meta, history string) error {
-	st, err := slot.ReadSlot(ctx, d.pool, d.cfg.Slot)
+	st, err := slot.ReadSlot(ctx, d.slotDB, d.cfg.Slot)
 	if err != nil || !st.Exists || st.ConfirmedFlushLSN <= w {
 		return nil // the session reports an unreadable or missing slot itself
 	}
@@ -450,7 +462,7 @@ func (d *Daemon) streamTimeout(ctx context.Context) time.Duration {
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
 	var ms int64
-	if err := d.pool.QueryRow(rctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil {
+	if err := d.slotDB.QueryRow(rctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&ms); err != nil {
 		return cdc.SilenceBound(0)
 	}
 	return max(cdc.SilenceBound(time.Duration(ms)*time.Millisecond), config.MinStreamTimeout)
@@ -470,11 +482,11 @@ func (d *Daemon) takeBackSlot(ctx context.Context, inUse error) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
-	if active, err := slot.ActivePID(rctx, d.pool, d.cfg.Slot); err != nil || active == nil || *active != int64(pid) {
+	if active, err := slot.ActivePID(rctx, d.slotDB, d.cfg.Slot); err != nil || active == nil || *active != int64(pid) {
 		return nil
 	}
 	var ended bool
-	terr := d.pool.QueryRow(rctx, `SELECT pg_terminate_backend($1)`, int64(pid)).Scan(&ended)
+	terr := d.slotDB.QueryRow(rctx, `SELECT pg_terminate_backend($1)`, int64(pid)).Scan(&ended)
 	msg := "asked PostgreSQL to end it (pg_terminate_backend)"
 	if terr != nil {
 		msg = fmt.Sprintf("could not end it (%v); it ends at wal_sender_timeout, or end it with SELECT pg_terminate_backend(%d)", terr, pid)

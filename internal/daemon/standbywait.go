@@ -72,7 +72,7 @@ func (d *Daemon) checkStandbyWait(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 		defer cancel()
 		var waiting bool
-		err := d.pool.QueryRow(rctx, `SELECT coalesce((SELECT wait_event = $2 FROM pg_stat_activity WHERE pid = $1), false)`,
+		err := d.slotDB.QueryRow(rctx, `SELECT coalesce((SELECT wait_event = $2 FROM pg_stat_activity WHERE pid = $1), false)`,
 			int64(stream.BackendPID()), waitForStandby).Scan(&waiting)
 		if err != nil {
 			return // unknown: keep what was known

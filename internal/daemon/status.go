@@ -178,7 +178,7 @@ func (d *Daemon) observe(ctx context.Context) {
 func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
-	keep, err := slot.ReadMaxSlotWALKeepSize(rctx, d.pool)
+	keep, err := slot.ReadMaxSlotWALKeepSize(rctx, d.slotDB)
 	if err != nil {
 		return false
 	}

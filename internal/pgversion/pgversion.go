@@ -111,3 +111,7 @@ func (v Version) FailoverSlots() bool { return v >= v17 }
 // IdleSlotTimeout reports whether idle_replication_slot_timeout exists
 // (18+).
 func (v Version) IdleSlotTimeout() bool { return v >= v18 }
+
+// StandbyDecoding reports whether a hot standby can hold a logical slot
+// and decode (16+).
+func (v Version) StandbyDecoding() bool { return v >= v16 }

@@ -31,6 +31,12 @@ func (r *run) checkFailover() error {
 	// Physical walsenders are the ones not connected to a database; a
 	// logical one (walcount's own, another consumer's, a replication
 	// connection that only identified the system) is.
+	if r.onStandby {
+		// The slot lives on a hot standby (checkStandby): it cannot be a
+		// failover slot, and the primary's failover is the standby's
+		// business (it follows the new primary with its slot).
+		return nil
+	}
 	type standby struct{ name, slot string }
 	var standbys []standby
 	rows, err := r.conn.Query(r.ctx, `

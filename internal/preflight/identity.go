@@ -79,7 +79,15 @@ WHERE p.isleaf ORDER BY 2`, src.OID)
 			}
 		}
 		if len(missing) == 0 {
-			r.ok(CheckReplicaIdentity, fmt.Sprintf("%sreplica identity of %s is %s", prefix, t.sql, desc))
+			msg := fmt.Sprintf("%sreplica identity of %s is %s", prefix, t.sql, desc)
+			if t.replident == "f" {
+				if idx, err := r.smallerIdentity(t.oid, needed); err == nil && idx != "" {
+					msg += fmt.Sprintf("; unique index %s holds every column the counters read, so a smaller identity would do: "+
+						"ALTER TABLE %s REPLICA IDENTITY USING INDEX %s; makes each UPDATE and DELETE log, and the walsender decode and send, "+
+						"only those columns of the old row", r.ident(idx), t.sql, r.ident(idx))
+				}
+			}
+			r.ok(CheckReplicaIdentity, msg)
 			continue
 		}
 		list := strings.Join(missing, ", ")
@@ -135,4 +143,27 @@ GROUP BY ic.relname`, oid).Scan(&index, &cols)
 		return cols, fmt.Sprintf("DEFAULT, the primary key (%s)", strings.Join(quoted, ", ")), nil
 	}
 	return cols, fmt.Sprintf("USING INDEX %s (%s)", r.ident(index), strings.Join(quoted, ", ")), nil
+}
+
+// smallerIdentity returns a unique index of the relation that could be its
+// replica identity (not partial, no expression, immediate, valid, every
+// column NOT NULL) and contains every column in needed, the one with the
+// fewest columns; "" when there is none.
+func (r *run) smallerIdentity(oid uint32, needed []string) (string, error) {
+	var name string
+	err := r.conn.QueryRow(r.ctx, `
+SELECT ic.relname
+FROM pg_index i
+JOIN pg_class ic ON ic.oid = i.indexrelid
+WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate AND i.indisvalid
+  AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND NOT EXISTS (SELECT FROM unnest(i.indkey::int2[]) k(attnum)
+                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum WHERE NOT a.attnotnull)
+  AND (SELECT array_agg(a.attname::text) FROM unnest(i.indkey::int2[]) k(attnum)
+       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) @> $2::text[]
+ORDER BY i.indnatts, ic.relname LIMIT 1`, oid, needed).Scan(&name)
+	if errNoRows(err) {
+		return "", nil
+	}
+	return name, err
 }

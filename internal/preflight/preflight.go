@@ -157,8 +157,15 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	defer conn.Close(context.WithoutCancel(ctx))
 
 	r := &run{ctx: ctx, conn: conn, cfg: cfg, log: log, tables: map[string]*table{}, quoted: map[string]string{}, once: map[string]bool{}}
+	defer func() {
+		if r.closeSlotConn != nil {
+			r.closeSlotConn()
+		}
+	}()
 	steps := []func() error{
+		r.connectSlotServer,
 		r.checkServer,
+		r.checkStandby,
 		r.checkProvider,
 		r.checkRole,
 		r.checkOwnerSteps,
@@ -215,6 +222,12 @@ type run struct {
 	user     string
 	// Learnt by checkSlot's early lookup in checkServer.
 	slot *slotInfo
+	// slotConn reaches the server that holds the slot (replication_url's
+	// when it is another, see connectSlotServer); onStandby says it is a
+	// hot standby.
+	slotConn      *pgx.Conn
+	closeSlotConn func()
+	onStandby     bool
 	// history is "<system identifier>/<timeline>" from IDENTIFY_SYSTEM,
 	// learnt by checkReplicationConn; empty when it failed.
 	history string

@@ -34,7 +34,7 @@ func (r *run) lookupSlot() error {
 	if r.version.FailoverSlots() {
 		failover = "failover"
 	}
-	err := r.conn.QueryRow(r.ctx, `
+	err := r.slotConn.QueryRow(r.ctx, `
 SELECT coalesce(plugin, ''), slot_type, database, active,
        restart_lsn::text, confirmed_flush_lsn::text, wal_status, `+inactiveSince+`, `+failover+`
 FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(

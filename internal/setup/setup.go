@@ -33,6 +33,7 @@ import (
 	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/publication"
+	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
@@ -327,7 +328,20 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 // transaction that has written nothing) and the checkpoint that starts at
 // its consistent point, or keeps both when they exist.
 func (s *statements) slot(ctx context.Context, cfg config.Config, version pgversion.Version, opt Options) error {
-	plugin, slotExists, err := slot.Plugin(ctx, s.conn, cfg.Slot)
+	// The slot lives where the stream reads it: replication_url's server
+	// (a hot standby that decodes, or a pooler's direct connection).
+	slotConn := s.conn
+	if opt.SlotConn != nil {
+		slotConn = opt.SlotConn
+	} else if cfg.SeparateSlotServer() && !s.print {
+		c, err := cfg.ConnectSlotSQL(ctx)
+		if err != nil {
+			return fmt.Errorf("connect to the replication URL %s: %s", redact.URL(cfg.ReplicationURL), redact.URL(err.Error()))
+		}
+		defer c.Close(context.WithoutCancel(ctx))
+		slotConn = c
+	}
+	plugin, slotExists, err := slot.Plugin(ctx, slotConn, cfg.Slot)
 	if err != nil {
 		return fmt.Errorf("read replication slot: %w", err)
 	}
@@ -340,26 +354,27 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			return err
 		}
 	}
-	slotConn := s.conn
-	if opt.SlotConn != nil {
-		slotConn = opt.SlotConn
-	}
 	if slotExists && opt.RecreateSlot {
 		if err := slot.Drop(ctx, slotConn, cfg.Slot); err != nil {
 			return fmt.Errorf("drop replication slot %q: %w", cfg.Slot, err)
 		}
 		slotExists = false
 	}
-	create := slot.CreateSQL(version)
 	if !slotExists {
 		if s.print {
-			_ = s.exec(ctx, create, cfg.Slot)
+			_ = s.exec(ctx, slot.CreateSQL(version), cfg.Slot)
 			_ = s.exec(ctx, state.InitCheckpointFromSlotSQL, cfg.Slot)
 			return nil
 		}
-		var lsn state.LSN
 		stopWatch := watchSlotCreation(ctx, cfg.DatabaseURL, cfg.Slot, slotConn.PgConn().PID(), opt.Waits)
-		err := slotConn.QueryRow(ctx, create, cfg.Slot).Scan(&lsn)
+		// The primary is asked for snapshots on its own connection, never
+		// on the one that creates the slot.
+		var primary slot.Execer
+		if slotConn != s.conn {
+			primary = s.conn
+		}
+		var lsn state.LSN
+		err := slot.Create(ctx, slotConn, primary, cfg.Slot, &lsn)
 		stopWatch()
 		if err != nil {
 			return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
@@ -397,7 +412,7 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	// The slot exists: keep the checkpoint, or start one at the slot's
 	// confirmed position when it is missing.
 	var confirmed state.LSN
-	if err := slot.ConfirmedFlush(ctx, s.conn, cfg.Slot, &confirmed); err != nil {
+	if err := slot.ConfirmedFlush(ctx, slotConn, cfg.Slot, &confirmed); err != nil {
 		return err
 	}
 	w, err := state.InitCheckpoint(ctx, s.conn, cfg.Slot, confirmed, false)

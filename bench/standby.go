@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/internal/redisconn"
+	"github.com/walcount/walcount/internal/setup"
+	"github.com/walcount/walcount/internal/testkit/servers"
+)
+
+// Section 9: the primary's side of decoding on a standby. The primary
+// (postmaster and every process it forks) is pinned to CPU 0; its hot
+// standby, Redis and walcount to CPU 1 (taskset), so that the primary's
+// cost is seen apart from the rest. Three arms on one pair of clusters,
+// the standby running in all of them: insert-only (no slot, no walcount),
+// walcount decoding on the primary, walcount decoding on the standby
+// (replication_url). Each arm is the hot-post write path (standbyClients
+// clients, one INSERT per transaction on post 1), then a drain, then the
+// CPU of the walsender, walcount and Redis per counted change.
+
+const standbyClients = 8
+
+// standbyArm is what one arm measured.
+type standbyArm struct {
+	name                 string
+	tps                  float64
+	changes              int64
+	sender, wc, redisCPU time.Duration
+}
+
+func (a standbyArm) perChange(d time.Duration) string {
+	if a.changes == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", float64(d.Microseconds())/float64(a.changes))
+}
+
+// pinTree pins the process pid and all its descendants (threads
+// included) to cpus; children forked later inherit it.
+func pinTree(pid int, cpus string) error {
+	pids := []int{pid}
+	entries, _ := os.ReadDir("/proc")
+	children := map[int][]int{}
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 1 {
+			pp, _ := strconv.Atoi(f[1])
+			children[pp] = append(children[pp], p)
+		}
+	}
+	for i := 0; i < len(pids); i++ {
+		pids = append(pids, children[pids[i]]...)
+	}
+	for _, p := range pids {
+		if out, err := exec.Command("taskset", "-a", "-p", "-c", cpus, strconv.Itoa(p)).CombinedOutput(); err != nil {
+			return fmt.Errorf("taskset %d: %v: %s", p, err, out)
+		}
+	}
+	return nil
+}
+
+func runStandbyBench(ctx context.Context, b *bench) (string, error) {
+	if _, err := exec.LookPath("taskset"); err != nil {
+		return "", fmt.Errorf("the standby section needs taskset: %w", err)
+	}
+	c, err := newCluster(ctx, 1000)
+	if err != nil {
+		return "", err
+	}
+	defer c.close()
+	if c.pg.Major() < 16 {
+		return fmt.Sprintf("## 9. Decoding on a standby\n\nSkipped: PostgreSQL %d cannot decode on a standby (16 and later).\n\n", c.pg.Major()), nil
+	}
+	// No copies of the primary arm's failover slot on the standby: the
+	// standby arm makes a slot of that name there.
+	var sopt servers.StandbyOptions
+	if c.pg.Major() >= 17 {
+		sopt.Settings = map[string]string{"sync_replication_slots": "off"}
+	}
+	standby, err := c.pg.StartStandby(ctx, sopt)
+	if err != nil {
+		return "", err
+	}
+	defer standby.Close()
+	c.db.Reset() // the standby's copy restarted the primary
+	if err := pinTree(c.pg.PID(), "0"); err != nil {
+		return "", err
+	}
+	if err := pinTree(standby.PID(), "1"); err != nil {
+		return "", err
+	}
+	if err := pinTree(c.redis.PID(), "1"); err != nil {
+		return "", err
+	}
+	sb, err := pgxpool.New(ctx, standby.URL())
+	if err != nil {
+		return "", err
+	}
+	defer sb.Close()
+	warmup, measure := 2*time.Second, 10*time.Second
+	if b.quick {
+		warmup, measure = time.Second, 4*time.Second
+	}
+	hot := workload{name: "hot post", hot: true}
+	insertOnly := func(name string) (standbyArm, error) {
+		r, err := closedLoop(ctx, c.url, standbyClients, hot, styleInsert, warmup, measure)
+		return standbyArm{name: name, tps: r.tps()}, err
+	}
+	arm := func(name string, onStandby bool) (standbyArm, error) {
+		a := standbyArm{name: name}
+		cfg := c.walcountConfig()
+		extra := []string{}
+		senderDB := c.db
+		if onStandby {
+			cfg.ReplicationURL = standby.URL()
+			extra = append(extra, "--replication-url", standby.URL())
+			senderDB = sb
+		}
+		conn, err := pgx.Connect(ctx, c.url)
+		if err != nil {
+			return a, err
+		}
+		err = setupWith(ctx, conn, cfg)
+		conn.Close(context.Background())
+		if err != nil {
+			return a, fmt.Errorf("setup: %w", err)
+		}
+		w, err := startWalcount(b.bin, b.tmp, c, extra...)
+		if err != nil {
+			return a, err
+		}
+		defer func() { _ = w.stop() }()
+		if err := w.waitMetrics(ctx); err != nil {
+			return a, err
+		}
+		if err := pinTree(w.cmd.Process.Pid, "1"); err != nil {
+			return a, err
+		}
+		if err := c.caughtUp(ctx, 2*time.Minute); err != nil {
+			return a, err
+		}
+		sender := func() (time.Duration, error) { return slotSenderCPU(ctx, senderDB) }
+		s0, err := sender()
+		if err != nil {
+			return a, err
+		}
+		w0, _ := w.usage()
+		r0, _ := procUsage(c.redis.PID())
+		n0, err := c.likesCount(ctx)
+		if err != nil {
+			return a, err
+		}
+		r, err := closedLoop(ctx, c.url, standbyClients, hot, styleInsert, warmup, measure)
+		if err != nil {
+			return a, err
+		}
+		a.tps = r.tps()
+		if err := c.caughtUp(ctx, 5*time.Minute); err != nil {
+			return a, err
+		}
+		s1, err := sender()
+		if err != nil {
+			return a, err
+		}
+		w1, _ := w.usage()
+		r1, _ := procUsage(c.redis.PID())
+		n1, err := c.likesCount(ctx)
+		if err != nil {
+			return a, err
+		}
+		a.changes = n1 - n0
+		a.sender, a.wc, a.redisCPU = s1-s0, w1.cpu-w0.cpu, r1.cpu-r0.cpu
+		if err := w.stop(); err != nil {
+			return a, err
+		}
+		if err := c.verify(ctx); err != nil {
+			return a, fmt.Errorf("%s: %w", name, err)
+		}
+		// The next arm starts from scratch: no slot, no state, no buffer.
+		if _, err := senderDB.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_type = 'logical'`); err != nil {
+			return a, err
+		}
+		if _, err := c.db.Exec(ctx, `DROP SCHEMA walcount CASCADE; DROP PUBLICATION walcount; UPDATE posts SET likes_count = 0; TRUNCATE likes`); err != nil {
+			return a, err
+		}
+		if err := c.redisFlushAll(ctx); err != nil {
+			return a, err
+		}
+		return a, nil
+	}
+	var arms []standbyArm
+	steps := []struct {
+		name string
+		run  func() (standbyArm, error)
+	}{
+		{"insert-only (standby running, no walcount)", func() (standbyArm, error) { return insertOnly("insert-only (standby running, no walcount)") }},
+		{"walcount decoding on the primary", func() (standbyArm, error) { return arm("walcount decoding on the primary", false) }},
+		{"walcount decoding on the standby", func() (standbyArm, error) { return arm("walcount decoding on the standby", true) }},
+		{"insert-only again", func() (standbyArm, error) { return insertOnly("insert-only again") }},
+	}
+	for _, s := range steps {
+		b.logf("   %s", s.name)
+		a, err := s.run()
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", s.name, err)
+		}
+		arms = append(arms, a)
+	}
+	base := (arms[0].tps + arms[3].tps) / 2
+	var out strings.Builder
+	fmt.Fprintf(&out, "## 9. Decoding on a standby, the primary pinned\n\n")
+	fmt.Fprintf(&out, "PostgreSQL %d. Primary on CPU 0; its hot standby, Redis and walcount on CPU 1 (taskset). "+
+		"Hot-post write path, %d clients, one INSERT per transaction, %s warm-up, %s measured. "+
+		"CPU per change over the arm and its drain, per counted change; the walsender is the slot's, on the primary or on the standby. "+
+		"Ratios against the mean of the two insert-only runs (%.0f txn/s).\n\n", c.pg.Major(), standbyClients, warmup, measure, base)
+	fmt.Fprintf(&out, "| arm | txn/s | × insert-only | walsender µs/change | walcount µs/change | Redis µs/change |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, a := range arms {
+		fmt.Fprintf(&out, "| %s | %.0f | %.2f | %s | %s | %s |\n", a.name, a.tps, a.tps/base, a.perChange(a.sender), a.perChange(a.wc), a.perChange(a.redisCPU))
+	}
+	out.WriteString("\n")
+	return out.String(), nil
+}
+
+// slotSenderCPU returns the CPU time of the walsender of the one active
+// logical slot of the server db reaches.
+func slotSenderCPU(ctx context.Context, db *pgxpool.Pool) (time.Duration, error) {
+	var pid *int32
+	if err := db.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_type = 'logical' AND active`).Scan(&pid); err != nil {
+		return 0, fmt.Errorf("read walsender pid: %w", err)
+	}
+	if pid == nil {
+		return 0, fmt.Errorf("no walsender")
+	}
+	u, err := procUsage(int(*pid))
+	return u.cpu, err
+}
+
+// setupWith runs walcount setup with cfg on conn (the primary).
+func setupWith(ctx context.Context, conn *pgx.Conn, cfg config.Config) error {
+	_, err := setup.Run(ctx, conn, setup.Options{Config: cfg})
+	return err
+}
+
+// redisFlushAll empties the cluster's Redis.
+func (c *cluster) redisFlushAll(ctx context.Context) error {
+	ropt, err := redisconn.Parse(c.redis.URL(), redisconn.TLSOptions{})
+	if err != nil {
+		return err
+	}
+	rdb := redisconn.New(ropt, nil)
+	defer rdb.Close()
+	return rdb.FlushAll(ctx).Err()
+}
