@@ -91,7 +91,7 @@ var Table = []Setting{
 	{Name: "replication URL", Key: "replication_url", Flag: "replication-url", Env: EnvReplicationURL,
 		Default: "the database URL", URL: true,
 		Help: "PostgreSQL URL of the replication connection (the slot), when the database URL goes through a pooler",
-		Doc:  "The replication connection (the slot's stream) and the slot's creation. Set it when `database_url` goes through a connection pooler such as PgBouncer: a replication connection cannot be pooled, so it must reach PostgreSQL directly."},
+		Doc:  "The replication connection (the slot's stream) and the slot's creation. Set it when `database_url` goes through a connection pooler such as PgBouncer: a replication connection cannot be pooled, so it must reach PostgreSQL directly. It may name a hot standby of PostgreSQL 16 or later: the slot then lives and decodes there (see [operations: decoding on a standby](operations.md#decoding-on-a-standby))."},
 	{Name: "Redis URL", Key: "redis_url", Flag: "redis-url", Env: EnvRedisURL, Fallback: EnvRedisURLFallback,
 		Default: DefaultRedisURL, URL: true, Help: "Redis URL",
 		Doc: "Where deltas are buffered. `REDIS_URL` is a fallback below the file."},
