@@ -134,41 +134,36 @@ redis.call('HSET', KEYS[2], 'lsn', ARGV[2])
 return 1
 `)
 
-// handOverScript starts or resumes a flush and returns its range and its
-// deltas, read in the same script so that a lost hash can never be read
-// as an empty one (design rules 6 and 13). With a flush in progress it
-// returns that flush if it starts at W; if it ends at or below W it was
-// already committed and is cleaned up first. Else it renames buffer to
-// flushing and records the range (W, lsn]. It returns an empty list when
-// there is nothing past W.
+// handOverScript starts or resumes a flush and returns its range and the
+// size of its hash; the deltas themselves are read afterwards in pages
+// (Scan), so that no script and no reply grows with the batch (design
+// rule 6). The flushing hash never changes once it is made, and its stamp
+// is checked here and again after the pages were read, so a lost hash can
+// never be read as an empty one (design rule 13). With a flush in progress
+// it returns that flush if it starts at W; if it ends at or below W it was
+// already committed and is cleaned up first (UNLINK: freed off Redis's
+// main thread). Else it renames buffer to flushing and records the range
+// (W, lsn]. It returns an empty list when there is nothing past W.
 //
-// KEYS: buffer, flushing, meta. ARGV: W. Reply: from, upto, then
-// field/delta pairs.
+// KEYS: buffer, flushing, meta. ARGV: W. Reply: from, upto, the number of
+// fields of flushing (HLEN), the number of its delta fields.
 var handOverScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[3], 'lsn', 'base', 'ffrom', 'fupto', 'epoch')
 if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
 local epoch = m[5] or ''
 local function batch(from, upto)
-  local f = redis.call('HGETALL', KEYS[2])
-  local out = {from, upto}
-  local stamped = false
-  for k = 1, #f, 2 do
-    if f[k] == '~' then
-      stamped = f[k+1] == epoch .. '/' .. from
-    else
-      out[#out+1] = f[k]
-      out[#out+1] = f[k+1]
-    end
-  end
-  if not stamped then
+  if redis.call('HGET', KEYS[2], '~') ~= epoch .. '/' .. from then
     return redis.error_reply('WALCOUNT_CHAIN the flushing deltas of ' .. from .. '..' .. upto .. ' are lost')
   end
-  return out
+  local n = redis.call('HLEN', KEYS[2])
+  local moves = tonumber(redis.call('HGET', KEYS[2], '~n') or '0')
+  if moves > 0 then moves = moves + 1 end
+  return {from, upto, tostring(n), tostring(n - 1 - moves)}
 end
 if m[4] then
   if m[3] == ARGV[1] then return batch(m[3], m[4]) end
   if m[4] <= ARGV[1] then
-    redis.call('DEL', KEYS[2])
+    redis.call('UNLINK', KEYS[2])
     redis.call('HDEL', KEYS[3], 'ffrom', 'fupto')
     redis.call('HSET', KEYS[3], 'base', m[4])
     m[2] = m[4]
@@ -186,12 +181,30 @@ redis.call('HSET', KEYS[3], 'ffrom', ARGV[1], 'fupto', m[1])
 return batch(ARGV[1], m[1])
 `)
 
+// scannedScript checks, after the pages of a flush were read, that the
+// flushing hash is still the one handed over: the same range in meta, the
+// same stamp and the same number of fields. With the caller's count of
+// the distinct fields it read, this proves that the pages held the whole
+// hash (a failover or an eviction in between fails it).
+//
+// KEYS: flushing, meta. ARGV: from, upto, HLEN.
+var scannedScript = redis.NewScript(`
+local m = redis.call('HMGET', KEYS[2], 'ffrom', 'fupto', 'epoch')
+if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] then
+  return redis.error_reply('WALCOUNT_CHAIN the flush of ' .. ARGV[1] .. '..' .. ARGV[2] .. ' changed while its deltas were read')
+end
+if redis.call('HGET', KEYS[1], '~') ~= (m[3] or '') .. '/' .. ARGV[1] or redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[3]) then
+  return redis.error_reply('WALCOUNT_CHAIN the flushing deltas of ' .. ARGV[1] .. '..' .. ARGV[2] .. ' were lost while they were read')
+end
+return 1
+`)
+
 // doneScript ends a flush after its PostgreSQL commit: the flushing hash
 // goes and the buffer chain now starts at fupto.
 var doneScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[2], 'ffrom', 'fupto')
 if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('UNLINK', KEYS[1])
 redis.call('HDEL', KEYS[2], 'ffrom', 'fupto')
 redis.call('HSET', KEYS[2], 'base', ARGV[2])
 return 1
@@ -315,52 +328,134 @@ func (b *Redis) Apply(ctx context.Context, prev, last LSN, moves []counter.Move,
 	return n == 1, nil
 }
 
-// HandOver starts or resumes a flush from w and returns it, or ok ==
-// false when nothing lies past w.
-func (b *Redis) HandOver(ctx context.Context, w LSN) (batch Batch, ok bool, err error) {
+// Handed is a flush handed over, before its deltas are read: the range
+// (From, Upto] and the size of its hash.
+type Handed struct {
+	From, Upto LSN
+	// Fields is the hash's HLEN, Deltas the number of its delta fields
+	// (stamp and move records left out).
+	Fields, Deltas int64
+}
+
+// DefaultScanPage is how many fields one HSCAN of the flushing hash asks
+// for.
+const DefaultScanPage = 2000
+
+// Begin starts or resumes a flush from w and returns its range and size
+// without its deltas, or ok == false when nothing lies past w. Its script
+// does a constant amount of work whatever the batch size; Scan reads the
+// deltas.
+func (b *Redis) Begin(ctx context.Context, w LSN) (h Handed, ok bool, err error) {
 	res, err := handOverScript.Run(ctx, b.rdb, b.keys.All(), FormatLSN(w)).StringSlice()
 	if err != nil {
-		return Batch{}, false, chainErr("hand over redis buffer", err)
+		return Handed{}, false, chainErr("hand over redis buffer", err)
 	}
 	if len(res) == 0 {
-		return Batch{}, false, nil
+		return Handed{}, false, nil
 	}
-	if len(res)%2 != 0 {
-		return Batch{}, false, fmt.Errorf("hand over redis buffer: odd reply of %d values", len(res))
+	if len(res) != 4 {
+		return Handed{}, false, fmt.Errorf("hand over redis buffer: reply of %d values", len(res))
 	}
-	if batch.From, err = ParseLSN(res[0]); err != nil {
-		return Batch{}, false, err
+	if h.From, err = ParseLSN(res[0]); err != nil {
+		return Handed{}, false, err
 	}
-	if batch.Upto, err = ParseLSN(res[1]); err != nil {
-		return Batch{}, false, err
+	if h.Upto, err = ParseLSN(res[1]); err != nil {
+		return Handed{}, false, err
 	}
-	batch.Deltas = make(map[string]int64, len(res)/2-1)
-	var moveFields []string
+	if h.Fields, err = strconv.ParseInt(res[2], 10, 64); err != nil {
+		return Handed{}, false, fmt.Errorf("hand over redis buffer: %w", err)
+	}
+	if h.Deltas, err = strconv.ParseInt(res[3], 10, 64); err != nil {
+		return Handed{}, false, fmt.Errorf("hand over redis buffer: %w", err)
+	}
+	return h, true, nil
+}
+
+// Scan reads the deltas of the flush h in pages of about page fields
+// (HSCAN; DefaultScanPage when page ≤ 0) and calls fn with each page's
+// deltas. The flushing hash does not change during a flush, but HSCAN may
+// return a field twice: fn must treat a field it has seen as the same
+// delta again, not as another one. Scan returns the flush's lifecycle
+// moves in stream order. After the last page it checks that the hash is
+// still the one handed over; the caller must check that it saw h.Deltas
+// distinct fields.
+func (b *Redis) Scan(ctx context.Context, h Handed, page int, fn func(fields []string, deltas []int64) error) ([]counter.Move, error) {
+	if page <= 0 {
+		page = DefaultScanPage
+	}
 	moveLists := map[string]string{}
-	for i := 2; i < len(res); i += 2 {
-		if res[i] == MovesCountField {
-			continue
-		}
-		if strings.HasPrefix(res[i], MovesField) {
-			moveFields = append(moveFields, res[i])
-			moveLists[res[i]] = res[i+1]
-			continue
-		}
-		n, err := strconv.ParseInt(res[i+1], 10, 64)
+	var cursor uint64
+	for {
+		kv, next, err := b.rdb.HScan(ctx, b.keys.Flushing, cursor, "", int64(page)).Result()
 		if err != nil {
-			return Batch{}, false, fmt.Errorf("hand over redis buffer: field %q: %w", res[i], err)
+			return nil, fmt.Errorf("read the flushing deltas: %w", err)
 		}
-		batch.Deltas[res[i]] = n
+		fields, deltas := make([]string, 0, len(kv)/2), make([]int64, 0, len(kv)/2)
+		for i := 0; i+1 < len(kv); i += 2 {
+			switch {
+			case kv[i] == StampField || kv[i] == MovesCountField:
+				continue
+			case strings.HasPrefix(kv[i], MovesField):
+				moveLists[kv[i]] = kv[i+1]
+				continue
+			}
+			n, err := strconv.ParseInt(kv[i+1], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("read the flushing deltas: field %q: %w", kv[i], err)
+			}
+			fields, deltas = append(fields, kv[i]), append(deltas, n)
+		}
+		if len(fields) > 0 {
+			if err := fn(fields, deltas); err != nil {
+				return nil, err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	err := scannedScript.Run(ctx, b.rdb, []string{b.keys.Flushing, b.keys.Meta}, FormatLSN(h.From), FormatLSN(h.Upto), h.Fields).Err()
+	if err != nil {
+		return nil, chainErr("read the flushing deltas", err)
+	}
+	moveFields := make([]string, 0, len(moveLists))
+	for f := range moveLists {
+		moveFields = append(moveFields, f)
 	}
 	slices.Sort(moveFields)
+	var moves []counter.Move
 	for _, f := range moveFields {
 		var pairs []string
 		if err := json.Unmarshal([]byte(moveLists[f]), &pairs); err != nil || len(pairs)%2 != 0 {
-			return Batch{}, false, fmt.Errorf("hand over redis buffer: moves %q: malformed %q", f, moveLists[f])
+			return nil, fmt.Errorf("hand over redis buffer: moves %q: malformed %q", f, moveLists[f])
 		}
 		for j := 0; j < len(pairs); j += 2 {
-			batch.Moves = append(batch.Moves, counter.Move{Field: pairs[j], To: pairs[j+1]})
+			moves = append(moves, counter.Move{Field: pairs[j], To: pairs[j+1]})
 		}
+	}
+	return moves, nil
+}
+
+// HandOver starts or resumes a flush from w and returns it with all its
+// deltas (Begin, then Scan into memory), or ok == false when nothing lies
+// past w.
+func (b *Redis) HandOver(ctx context.Context, w LSN) (batch Batch, ok bool, err error) {
+	h, ok, err := b.Begin(ctx, w)
+	if err != nil || !ok {
+		return Batch{}, ok, err
+	}
+	batch = Batch{From: h.From, Upto: h.Upto, Deltas: make(map[string]int64, h.Deltas)}
+	batch.Moves, err = b.Scan(ctx, h, 0, func(fields []string, deltas []int64) error {
+		for i, f := range fields {
+			batch.Deltas[f] = deltas[i]
+		}
+		return nil
+	})
+	if err != nil {
+		return Batch{}, false, err
+	}
+	if int64(len(batch.Deltas)) != h.Deltas {
+		return Batch{}, false, fmt.Errorf("hand over redis buffer: %w: read %d of %d flushing deltas", ErrChainBroken, len(batch.Deltas), h.Deltas)
 	}
 	return batch, true, nil
 }
@@ -439,7 +534,7 @@ func (b *Redis) Reset(ctx context.Context, w LSN, history string) error {
 	var e [8]byte
 	_, _ = rand.Read(e[:]) // crypto/rand.Read never fails
 	_, err := b.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, b.keys.All()...)
+		p.Unlink(ctx, b.keys.All()...)
 		p.HSet(ctx, b.keys.Meta, "lsn", FormatLSN(w), "base", FormatLSN(w), "epoch", hex.EncodeToString(e[:]), "hist", history)
 		return nil
 	})

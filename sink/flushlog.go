@@ -12,9 +12,15 @@ import (
 // package aggregator). It outlives sessions: a session that restarts
 // replays from W and meets the same markers again. It is safe for
 // concurrent use.
+//
+// Several flushes may share one upto: the pieces of a big batch, each its
+// own transaction with its own marker, apply carried deltas that are all
+// of the rows as they were at W (see Flusher). Their records are kept in
+// commit order, which is the order in which the stream meets their
+// markers.
 type FlushLog struct {
 	mu   sync.Mutex
-	recs map[cdc.LSN]*flushRecord
+	recs map[cdc.LSN][]*flushRecord
 }
 
 type flushRecord struct {
@@ -24,7 +30,7 @@ type flushRecord struct {
 }
 
 // NewFlushLog returns an empty log.
-func NewFlushLog() *FlushLog { return &FlushLog{recs: map[cdc.LSN]*flushRecord{}} }
+func NewFlushLog() *FlushLog { return &FlushLog{recs: map[cdc.LSN][]*flushRecord{}} }
 
 // add records the deltas of the flush of (…, upto] before its commit, and
 // the fields whose UPDATE hit no row.
@@ -33,17 +39,41 @@ func (l *FlushLog) add(upto cdc.LSN, deltas map[string]int64, missed map[string]
 		return
 	}
 	l.mu.Lock()
-	l.recs[upto] = &flushRecord{deltas: deltas, missed: missed}
+	l.recs[upto] = append(l.recs[upto], &flushRecord{deltas: deltas, missed: missed})
 	l.mu.Unlock()
 }
 
-// drop forgets a flush that did not commit.
+// replace records the deltas of the flush of (…, upto] as add does, in
+// place of the records of earlier attempts at the same flush whose marker
+// the stream has not met (a flush tried again after a commit whose outcome
+// was unknown: only one of them can have committed).
+func (l *FlushLog) replace(upto cdc.LSN, deltas map[string]int64, missed map[string]bool) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	kept := l.recs[upto][:0]
+	for _, r := range l.recs[upto] {
+		if r.seenAt != 0 {
+			kept = append(kept, r)
+		}
+	}
+	l.recs[upto] = append(kept, &flushRecord{deltas: deltas, missed: missed})
+	l.mu.Unlock()
+}
+
+// drop forgets the last flush added for upto, which did not commit.
 func (l *FlushLog) drop(upto cdc.LSN) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	delete(l.recs, upto)
+	if rs := l.recs[upto]; len(rs) > 0 {
+		l.recs[upto] = rs[:len(rs)-1]
+	}
+	if len(l.recs[upto]) == 0 {
+		delete(l.recs, upto)
+	}
 	l.mu.Unlock()
 }
 
@@ -56,7 +86,23 @@ func (l *FlushLog) Seen(upto, at cdc.LSN) (deltas map[string]int64, missed map[s
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r := l.recs[upto]
+	// A marker met again (a session replaying from W) finds its record
+	// by where it lies; a new one takes the first record not met yet.
+	var r *flushRecord
+	for _, c := range l.recs[upto] {
+		if c.seenAt == at {
+			r = c
+			break
+		}
+	}
+	if r == nil {
+		for _, c := range l.recs[upto] {
+			if c.seenAt == 0 {
+				r = c
+				break
+			}
+		}
+	}
 	if r == nil {
 		return nil, nil, false
 	}
@@ -71,9 +117,17 @@ func (l *FlushLog) prune(w cdc.LSN) {
 		return
 	}
 	l.mu.Lock()
-	for upto, r := range l.recs {
-		if r.seenAt != 0 && r.seenAt <= w {
+	for upto, rs := range l.recs {
+		kept := rs[:0]
+		for _, r := range rs {
+			if r.seenAt == 0 || r.seenAt > w {
+				kept = append(kept, r)
+			}
+		}
+		if len(kept) == 0 {
 			delete(l.recs, upto)
+		} else {
+			l.recs[upto] = kept
 		}
 	}
 	l.mu.Unlock()
@@ -83,5 +137,9 @@ func (l *FlushLog) prune(w cdc.LSN) {
 func (l *FlushLog) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.recs)
+	n := 0
+	for _, rs := range l.recs {
+		n += len(rs)
+	}
+	return n
 }

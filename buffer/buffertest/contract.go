@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -40,6 +42,7 @@ func Run(t *testing.T, client Client) {
 		{"StaleHashOfAnEarlierChain", staleHashOfAnEarlierChain},
 		{"MovesRunBeforeTheBatch", movesRunBeforeTheBatch},
 		{"EmptyDeltasStillStamp", emptyDeltasStillStamp},
+		{"HandOverIsPaged", handOverIsPaged},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -317,5 +320,100 @@ func emptyDeltasStillStamp(t *testing.T, b *buffer.Redis, _ redis.UniversalClien
 	got, ok, err := b.HandOver(ctx, 10)
 	if err != nil || !ok || got.Upto != 40 || len(got.Deltas) != 0 {
 		t.Fatalf("hand-over = %+v %v %v; want an empty flush up to 0/28", got, ok, err)
+	}
+}
+
+// replySizes is a go-redis hook that records, while on, the largest reply
+// (in values) of any command on the buffer's keys.
+type replySizes struct {
+	on  atomic.Bool
+	mu  sync.Mutex
+	max map[string]int
+}
+
+func (h *replySizes) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *replySizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *replySizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if !h.on.Load() {
+			return err
+		}
+		n := 0
+		switch c := cmd.(type) {
+		case *redis.Cmd:
+			if v, ok := c.Val().([]any); ok {
+				n = len(v)
+			}
+		case *redis.StringSliceCmd:
+			n = len(c.Val())
+		case *redis.ScanCmd:
+			keys, _ := c.Val()
+			n = len(keys)
+		case *redis.MapStringStringCmd:
+			n = 2 * len(c.Val())
+		}
+		h.mu.Lock()
+		h.max[cmd.Name()] = max(h.max[cmd.Name()], n)
+		h.mu.Unlock()
+		return err
+	}
+}
+
+// handOverIsPaged: a batch of many keys is handed over by a script whose
+// reply does not grow with it, and read in pages of bounded size (issue
+// 26: one reply of 2 million fields outlived the client's read timeout and
+// kept Redis busy for everyone).
+func handOverIsPaged(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 100, "history"); err != nil {
+		t.Fatal(err)
+	}
+	const keys, per = 30000, 5000
+	for i := 0; i < keys/per; i++ {
+		ds := make([]counter.Delta, per)
+		for j := range ds {
+			ds[j] = counter.Delta{Field: fmt.Sprintf("c:%d", i*per+j), N: int64(i*per + j + 1)}
+		}
+		moves := []counter.Move(nil)
+		if i == 2 {
+			moves = []counter.Move{{Field: "c:0", To: "c:999999"}}
+		}
+		if _, err := b.Apply(ctx, buffer.LSN(100+i), buffer.LSN(101+i), moves, ds); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hook := &replySizes{max: map[string]int{}}
+	rdb.AddHook(hook)
+	hook.on.Store(true)
+	got, ok, err := b.HandOver(ctx, 100)
+	hook.on.Store(false)
+	if err != nil || !ok || got.Upto != buffer.LSN(100+keys/per) {
+		t.Fatalf("hand-over: ok=%v err=%v upto=%v", ok, err, got.Upto)
+	}
+	if len(got.Deltas) != keys {
+		t.Fatalf("hand-over read %d deltas, want %d", len(got.Deltas), keys)
+	}
+	for i := 1; i < keys; i++ {
+		if got.Deltas[fmt.Sprintf("c:%d", i)] != int64(i+1) {
+			t.Fatalf("c:%d = %d, want %d", i, got.Deltas[fmt.Sprintf("c:%d", i)], i+1)
+		}
+	}
+	if got.Deltas["c:999999"] != 1 || len(got.Moves) != 1 {
+		t.Fatalf("moved delta = %d, moves = %v", got.Deltas["c:999999"], got.Moves)
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	for name, n := range hook.max {
+		// A page of HSCAN holds about its COUNT fields (twice as many
+		// values), a few more where buckets collide.
+		if n > 4*buffer.DefaultScanPage {
+			t.Errorf("%s replied with %d values for a batch of %d keys: the hand-over is not paged", name, n, keys)
+		}
+	}
+	if hook.max["hscan"] == 0 {
+		t.Errorf("no HSCAN page read: %v", hook.max)
 	}
 }

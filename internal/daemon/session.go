@@ -93,6 +93,10 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Failpoints: d.opt.Failpoints,
 		FlushLog:   d.flushes,
 		ParkRetry:  d.opt.ParkRetry,
+		ChunkSize:  d.opt.FlushChunk,
+
+		TransactionKeys: d.opt.FlushTransactionKeys,
+		TransactionTime: d.opt.FlushTransactionTime,
 	})
 	if err != nil {
 		return nil, err

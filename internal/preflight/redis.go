@@ -59,6 +59,7 @@ try('HEXISTS', KEYS[1], 'f')
 try('EXISTS', KEYS[1])
 try('RENAME', KEYS[1], KEYS[2])
 try('HDEL', KEYS[2], 'f')
+try('UNLINK', KEYS[1])
 try('DEL', KEYS[1], KEYS[2])
 return refused
 `)
