@@ -44,7 +44,7 @@ const (
 	// DefaultTransactionKeys is the most keys one flush transaction
 	// updates: a bigger batch is staged in walcount.carried and applied in
 	// pieces of at most this many keys (Options.TransactionKeys).
-	DefaultTransactionKeys = 20000
+	DefaultTransactionKeys = 10000
 	// DefaultTransactionTime is how long a piece of a big batch may hold
 	// the target rows it updated before it commits
 	// (Options.TransactionTime).

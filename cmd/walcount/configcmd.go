@@ -79,6 +79,7 @@ func effectiveSettings(cfg config.Config) []configLine {
 		{"flush_interval", dur(cfg.FlushInterval)},
 		{"heartbeat_interval", dur(cfg.HeartbeatInterval)},
 		{"stream_timeout", dur(cfg.StreamTimeout)},
+		{"flush_lock_time", dur(cfg.FlushLockTime)},
 		{"http_addr", str(cfg.HTTPAddr)},
 		{"http_token", secret(cfg.HTTPToken)},
 		{"log_level", cfg.LogLevel},

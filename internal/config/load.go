@@ -216,6 +216,7 @@ type fileConfig struct {
 	FlushInterval     time.Duration `yaml:"flush_interval"`
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	StreamTimeout     time.Duration `yaml:"stream_timeout"`
+	FlushLockTime     time.Duration `yaml:"flush_lock_time"`
 	HTTPAddr          string        `yaml:"http_addr"`
 	HTTPToken         string        `yaml:"http_token"`
 	LogLevel          string        `yaml:"log_level"`
@@ -292,6 +293,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 		FlushInterval:     cfg.FlushInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		StreamTimeout:     cfg.StreamTimeout,
+		FlushLockTime:     cfg.FlushLockTime,
 		HTTPAddr:          cfg.HTTPAddr,
 		HTTPToken:         cfg.HTTPToken,
 		LogLevel:          cfg.LogLevel,
@@ -318,6 +320,7 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 	cfg.FlushInterval = fc.FlushInterval
 	cfg.HeartbeatInterval = fc.HeartbeatInterval
 	cfg.StreamTimeout = fc.StreamTimeout
+	cfg.FlushLockTime = fc.FlushLockTime
 	cfg.HTTPAddr = fc.HTTPAddr
 	cfg.HTTPToken = fc.HTTPToken
 	cfg.LogLevel = fc.LogLevel

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -96,7 +97,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		ChunkSize:  d.opt.FlushChunk,
 
 		TransactionKeys: d.opt.FlushTransactionKeys,
-		TransactionTime: d.opt.FlushTransactionTime,
+		TransactionTime: cmp.Or(d.opt.FlushTransactionTime, d.cfg.FlushLockTime),
 	})
 	if err != nil {
 		return nil, err
