@@ -18,6 +18,9 @@
 //     target rows, and the deadlocks returned to an app updating two hot
 //     posts, without and with walcount, while one row is held by a long
 //     transaction.
+//  9. One big batch: one statement likes 100k, 1M and 2M posts; time until
+//     exact, walcount's and Redis's peak memory, the longest wait of a
+//     PING and of an app's row lock, and a SIGKILL in the middle.
 //
 // Every cluster is fresh (a slot changes the write path) and lives on
 // disk, with fsync on and synchronous_commit=on.
@@ -129,7 +132,7 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, big (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -150,13 +153,13 @@ func run() int {
 		b.rounds, b.warmup, b.measure, b.backlog = quickRounds, quickWarmup, quickMeasure, quickBacklog
 		b.freshWarmup, b.freshMeasure = quickFreshWarmup, quickFreshMeasure
 	}
-	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true}
+	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true, "big": true}
 	if only != "" {
 		sections = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile or app)\n", s)
+			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "big"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app or big)\n", s)
 				return 2
 			}
 			sections[s] = true
@@ -190,12 +193,12 @@ func run() int {
 	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
 	if only != "" {
 		var names []string
-		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app"} {
+		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "big"} {
 			if sections[s] {
 				names = append(names, s)
 			}
 		}
-		if len(names) < 5 {
+		if len(names) < 6 {
 			r.only = strings.Join(names, "+")
 		}
 	}
@@ -245,6 +248,12 @@ func run() int {
 	if sections["app"] {
 		b.logf("8. the app's side, one row held")
 		if r.app, err = runAppSide(ctx, b); err != nil {
+			return fail(err)
+		}
+	}
+	if sections["big"] {
+		b.logf("9. one big batch")
+		if r.big, err = runBig(ctx, b); err != nil {
 			return fail(err)
 		}
 	}

@@ -30,6 +30,8 @@ type results struct {
 	reconcileErr error
 	// app is section 8, without walcount and with it.
 	app []appSideResult
+	// big is section 9.
+	big []bigResult
 	// busy describes the load average and CPU steal during the run.
 	busy string
 	rev  string // the walcount revision measured
@@ -120,6 +122,9 @@ func (r *results) markdown() string {
 	}
 	if len(r.app) > 0 {
 		r.appSection(&b)
+	}
+	if len(r.big) > 0 {
+		r.bigSection(&b)
 	}
 	r.targetsSection(&b)
 	return b.String()

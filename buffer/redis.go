@@ -85,13 +85,36 @@ const MovesCountField = "~n"
 // of field, to pairs), so that the flush that hands the buffer over runs
 // them on the deltas it carried from earlier flushes (design rule 2).
 //
-// KEYS: buffer, meta. ARGV: prev, last, n, n directive pairs, then
-// field/delta pairs.
+// A batch of more than MaxApplyFields deltas is written in parts, one
+// script call each, so that no call keeps Redis busy for long: part k of
+// the batch ending at last sets meta.part to "<last>/<k>", the moves go
+// with part 1, and only the final part moves meta.lsn (and clears
+// meta.part). A part already applied (a call retried) is ignored; a part
+// out of sequence is a broken chain. While meta.part is set the buffer
+// holds part of a batch, so no hand-over takes it (handOverScript), and a
+// session that starts with meta.part set resets the buffer: a write in
+// parts that was interrupted cannot be finished.
+//
+// KEYS: buffer, meta. ARGV: prev, last, part (0 for a batch in one call),
+// final (1 for the last part, or a batch in one call), n, n directive
+// pairs, then field/delta pairs.
 var applyScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[2], 'lsn', 'base', 'epoch', 'fupto')
+local m = redis.call('HMGET', KEYS[2], 'lsn', 'base', 'epoch', 'fupto', 'part')
 if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
 if m[1] >= ARGV[2] then return 0 end
 if m[1] ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN meta.lsn ' .. m[1] .. ' is not ' .. ARGV[1]) end
+local part = tonumber(ARGV[3])
+if part == 0 then
+  if m[5] then return redis.error_reply('WALCOUNT_CHAIN a write in parts (' .. m[5] .. ') was interrupted') end
+else
+  local cur = m[5] or nil
+  if cur == ARGV[2] .. '/' .. ARGV[3] then return 0 end
+  local want = nil
+  if part > 1 then want = ARGV[2] .. '/' .. tostring(part - 1) end
+  if cur ~= want then
+    return redis.error_reply('WALCOUNT_CHAIN part ' .. ARGV[3] .. ' of the batch ending at ' .. ARGV[2] .. ' follows ' .. tostring(m[5]))
+  end
+end
 -- While a flush is in progress the buffer starts where the flush ends.
 local start = m[4] or m[2]
 local stamp = (m[3] or '') .. '/' .. start
@@ -101,13 +124,13 @@ if m[1] ~= start then
     return redis.error_reply('WALCOUNT_CHAIN the buffer of ' .. start .. '..' .. m[1] .. ' is lost (stamp ' .. tostring(have) .. ')')
   end
 end
-local i = 4
-local nmoves = tonumber(ARGV[3])
+local i = 6
+local nmoves = tonumber(ARGV[5])
 if nmoves > 0 then
   local mv = {}
   for d = 0, nmoves - 1 do
-    mv[#mv+1] = ARGV[4+2*d]
-    mv[#mv+1] = ARGV[5+2*d]
+    mv[#mv+1] = ARGV[6+2*d]
+    mv[#mv+1] = ARGV[7+2*d]
   end
   if redis.call('HEXISTS', KEYS[1], '~m' .. ARGV[2]) == 0 then
     redis.call('HINCRBY', KEYS[1], '~n', 1)
@@ -130,9 +153,19 @@ for j = i, #ARGV, 2 do
   end
 end
 redis.call('HSET', KEYS[1], '~', stamp)
-redis.call('HSET', KEYS[2], 'lsn', ARGV[2])
+if ARGV[4] == '1' then
+  redis.call('HSET', KEYS[2], 'lsn', ARGV[2])
+  if part > 0 then redis.call('HDEL', KEYS[2], 'part') end
+else
+  redis.call('HSET', KEYS[2], 'part', ARGV[2] .. '/' .. ARGV[3])
+end
 return 1
 `)
+
+// MaxApplyFields is the most deltas one Apply script call adds: a bigger
+// batch (one transaction that touches a million keys) is written in
+// parts of this size.
+const MaxApplyFields = 5000
 
 // handOverScript starts or resumes a flush and returns its range and the
 // size of its hash; the deltas themselves are read afterwards in pages
@@ -148,7 +181,7 @@ return 1
 // KEYS: buffer, flushing, meta. ARGV: W. Reply: from, upto, the number of
 // fields of flushing (HLEN), the number of its delta fields.
 var handOverScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[3], 'lsn', 'base', 'ffrom', 'fupto', 'epoch')
+local m = redis.call('HMGET', KEYS[3], 'lsn', 'base', 'ffrom', 'fupto', 'epoch', 'part')
 if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
 local epoch = m[5] or ''
 local function batch(from, upto)
@@ -173,6 +206,8 @@ if m[4] then
 end
 if m[2] ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN buffer starts at ' .. tostring(m[2]) .. ', checkpoint is ' .. ARGV[1]) end
 if m[1] == ARGV[1] then return {} end
+-- A batch written in parts is not whole yet: the next flush takes it.
+if m[6] then return {} end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return redis.error_reply('WALCOUNT_CHAIN the buffer of ' .. m[2] .. '..' .. m[1] .. ' is lost')
 end
@@ -254,6 +289,9 @@ type Meta struct {
 	// = IdleFrom, up to IdleTo, with nothing in between for it (see
 	// RecordIdleConfirm); zero when it did not.
 	IdleFrom, IdleTo LSN
+	// Part is set while a batch is written in parts ("<last>/<k>", see
+	// Apply); a session that starts with it set resets the buffer.
+	Part string
 }
 
 // Batch is a flush handed over: the deltas of the transactions in
@@ -310,22 +348,50 @@ func chainErr(op string, err error) error {
 // script. It reports false when the batch was already applied, and fails
 // with ErrChainBroken when the chain does not continue at prev or a key it
 // needs was lost.
+//
+// A batch of more than MaxApplyFields deltas is written in parts, one
+// script call each (see applyScript).
 func (b *Redis) Apply(ctx context.Context, prev, last LSN, moves []counter.Move, deltas []counter.Delta) (bool, error) {
-	args := make([]any, 0, 3+2*len(moves)+2*len(deltas))
-	args = append(args, FormatLSN(prev), FormatLSN(last), len(moves))
-	for _, m := range moves {
-		args = append(args, m.Field, m.To)
-	}
+	nonzero := 0
 	for _, d := range deltas {
 		if d.N != 0 {
-			args = append(args, d.Field, d.N)
+			nonzero++
 		}
 	}
-	n, err := applyScript.Run(ctx, b.rdb, []string{b.keys.Buffer, b.keys.Meta}, args...).Int()
-	if err != nil {
-		return false, chainErr("apply deltas to redis", err)
+	parts := max(1, (nonzero+MaxApplyFields-1)/MaxApplyFields)
+	applied := false
+	next := 0
+	for part := 1; part <= parts; part++ {
+		args := make([]any, 0, 5+2*len(moves)+2*min(nonzero, MaxApplyFields))
+		k, final := part, "0"
+		if parts == 1 {
+			k = 0
+		}
+		if part == parts {
+			final = "1"
+		}
+		args = append(args, FormatLSN(prev), FormatLSN(last), k, final)
+		if part == 1 {
+			args = append(args, len(moves))
+			for _, m := range moves {
+				args = append(args, m.Field, m.To)
+			}
+		} else {
+			args = append(args, 0)
+		}
+		for n := 0; next < len(deltas) && n < MaxApplyFields; next++ {
+			if d := deltas[next]; d.N != 0 {
+				args = append(args, d.Field, d.N)
+				n++
+			}
+		}
+		n, err := applyScript.Run(ctx, b.rdb, []string{b.keys.Buffer, b.keys.Meta}, args...).Int()
+		if err != nil {
+			return false, chainErr("apply deltas to redis", err)
+		}
+		applied = applied || n == 1
 	}
-	return n == 1, nil
+	return applied, nil
 }
 
 // Handed is a flush handed over, before its deltas are read: the range
@@ -475,7 +541,7 @@ func (b *Redis) Advance(ctx context.Context, w, next LSN) error {
 
 // Meta reads the meta hash.
 func (b *Redis) Meta(ctx context.Context) (Meta, error) {
-	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto", "hist", "idle").Result()
+	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto", "hist", "idle", "part").Result()
 	if err != nil {
 		return Meta{}, fmt.Errorf("read redis meta: %w", err)
 	}
@@ -503,6 +569,7 @@ func (b *Redis) Meta(ctx context.Context) (Meta, error) {
 	}
 	m.Flushing = ok
 	m.History, _ = vals[4].(string)
+	m.Part, _ = vals[6].(string)
 	if idle, ok := vals[5].(string); ok {
 		from, to, _ := strings.Cut(idle, "/")
 		if m.IdleFrom, err = ParseLSN(from); err != nil {

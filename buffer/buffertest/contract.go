@@ -43,6 +43,7 @@ func Run(t *testing.T, client Client) {
 		{"MovesRunBeforeTheBatch", movesRunBeforeTheBatch},
 		{"EmptyDeltasStillStamp", emptyDeltasStillStamp},
 		{"HandOverIsPaged", handOverIsPaged},
+		{"ApplyInPartsInterrupted", applyInPartsInterrupted},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -357,6 +358,7 @@ func (h *replySizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		h.mu.Lock()
 		h.max[cmd.Name()] = max(h.max[cmd.Name()], n)
+		h.max[cmd.Name()+" args"] = max(h.max[cmd.Name()+" args"], len(cmd.Args()))
 		h.mu.Unlock()
 		return err
 	}
@@ -371,26 +373,29 @@ func handOverIsPaged(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
 	if err := b.Reset(ctx, 100, "history"); err != nil {
 		t.Fatal(err)
 	}
-	const keys, per = 30000, 5000
-	for i := 0; i < keys/per; i++ {
-		ds := make([]counter.Delta, per)
-		for j := range ds {
-			ds[j] = counter.Delta{Field: fmt.Sprintf("c:%d", i*per+j), N: int64(i*per + j + 1)}
-		}
-		moves := []counter.Move(nil)
-		if i == 2 {
-			moves = []counter.Move{{Field: "c:0", To: "c:999999"}}
-		}
-		if _, err := b.Apply(ctx, buffer.LSN(100+i), buffer.LSN(101+i), moves, ds); err != nil {
-			t.Fatal(err)
-		}
-	}
+	const keys = 30000
 	hook := &replySizes{max: map[string]int{}}
 	rdb.AddHook(hook)
 	hook.on.Store(true)
+	defer hook.on.Store(false)
+	// One transaction of 30,000 keys: written in parts.
+	ds := make([]counter.Delta, keys)
+	for j := range ds {
+		ds[j] = counter.Delta{Field: fmt.Sprintf("c:%d", j), N: int64(j + 1)}
+	}
+	if ok, err := b.Apply(ctx, 100, 101, nil, ds); err != nil || !ok {
+		t.Fatalf("apply: %v %v", ok, err)
+	}
+	// Again (a replay): nothing is added twice.
+	if ok, err := b.Apply(ctx, 100, 101, nil, ds); err != nil || ok {
+		t.Fatalf("apply again: %v %v", ok, err)
+	}
+	if _, err := b.Apply(ctx, 101, 102, []counter.Move{{Field: "c:0", To: "c:999999"}}, nil); err != nil {
+		t.Fatal(err)
+	}
 	got, ok, err := b.HandOver(ctx, 100)
 	hook.on.Store(false)
-	if err != nil || !ok || got.Upto != buffer.LSN(100+keys/per) {
+	if err != nil || !ok || got.Upto != 102 {
 		t.Fatalf("hand-over: ok=%v err=%v upto=%v", ok, err, got.Upto)
 	}
 	if len(got.Deltas) != keys {
@@ -408,12 +413,39 @@ func handOverIsPaged(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
 	defer hook.mu.Unlock()
 	for name, n := range hook.max {
 		// A page of HSCAN holds about its COUNT fields (twice as many
-		// values), a few more where buckets collide.
-		if n > 4*buffer.DefaultScanPage {
-			t.Errorf("%s replied with %d values for a batch of %d keys: the hand-over is not paged", name, n, keys)
+		// values), a few more where buckets collide; a script call
+		// carries at most MaxApplyFields deltas.
+		if n > max(4*buffer.DefaultScanPage, 2*buffer.MaxApplyFields+16) {
+			t.Errorf("%s: %d values for a batch of %d keys: the writes and the hand-over are not in bounded pieces", name, n, keys)
 		}
 	}
 	if hook.max["hscan"] == 0 {
 		t.Errorf("no HSCAN page read: %v", hook.max)
+	}
+}
+
+// applyInPartsInterrupted: a batch written in parts that was cut off
+// (meta.part left set) is never handed over, and the next batch's write
+// reports the broken chain.
+func applyInPartsInterrupted(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 100, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 100, 101, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// Part 1 of the batch (101, 102] was written, part 2 never was.
+	if err := rdb.HSet(ctx, b.Keys().Meta, "part", buffer.FormatLSN(102)+"/1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := b.Meta(ctx); err != nil || m.Part == "" {
+		t.Fatalf("meta = %+v, %v; want its part", m, err)
+	}
+	if _, ok, err := b.HandOver(ctx, 100); err != nil || ok {
+		t.Fatalf("hand-over during a write in parts: ok=%v err=%v, want nothing handed over", ok, err)
+	}
+	if _, err := b.Apply(ctx, 101, 103, nil, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
+		t.Fatalf("apply after an interrupted write in parts: %v, want buffer.ErrChainBroken", err)
 	}
 }

@@ -313,6 +313,16 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
+	case meta.Part != "":
+		// A batch written in parts (one big transaction) was cut off:
+		// its parts are in the buffer, the rest is not, and nothing can
+		// tell them from the deltas around them. The slot still has it
+		// all: replay from W.
+		d.log.Warn("a big transaction was only partly written to the redis buffer; discarding it and replaying from the checkpoint",
+			zap.String("part", meta.Part), zap.String(logLSN, f.W().String()))
+		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
+			return 0, err
+		}
 	}
 	if _, err := f.Flush(ctx); err != nil {
 		if !errors.Is(err, buffer.ErrChainBroken) {
