@@ -40,7 +40,10 @@ import (
 // again skips the old row and cannot see the new one, so only the
 // statement knows.
 // Without the record (a restart in between) the keys involved are marked
-// dirty, to be reconciled (design rule 14).
+// dirty, to be reconciled (design rule 14). The events such a flush
+// crossed may also be in what the old session buffered in Redis, which
+// the new one flushes without streaming it again: that flush marks both
+// ends of its batch's moves dirty itself (sink.Flusher.Inherit).
 
 // targetRule is a counter whose target is a relation: key is the column
 // index of its target key.

@@ -148,6 +148,25 @@ type Flusher struct {
 	// transaction should update: after a big batch was staged, and at the
 	// start of a session (an earlier one may have stopped in the middle).
 	drainDue bool
+	// inherited is the end of what an earlier session buffered in Redis
+	// (see Inherit); zero when this session buffered everything.
+	inherited cdc.LSN
+}
+
+// Inherit tells the flusher that Redis holds changes up to lsn that an
+// earlier session aggregated. A flush of that session may have committed
+// without the stream having met its marker: its record (what it applied,
+// which keys hit no row) and the lifecycle events it crossed were that
+// session's, and the crossed events may be in what it buffered, which
+// this session flushes without streaming it again. So a flush of a batch
+// that starts before lsn marks both ends of each of the batch's lifecycle
+// moves dirty, in its own transaction (design rules 14 and 17); a move
+// is a target row deleted or re-keyed, rare, and the repair measures
+// only those keys. Call it before the first flush.
+func (f *Flusher) Inherit(lsn cdc.LSN) {
+	f.mu.Lock()
+	f.inherited = lsn
+	f.mu.Unlock()
 }
 
 // NewFlusher resolves the counters' targets and reads W.
@@ -451,6 +470,11 @@ func (f *Flusher) stage(ctx context.Context, h buffer.Handed) (bool, error) {
 	}
 	if err := state.UpdateCarried(ctx, tx, f.opt.Slot, loaded, carried, f.opt.ParkRetry); err != nil {
 		return false, err
+	}
+	if h.From < f.inherited {
+		if err := f.markInheritedMoves(ctx, tx, moves); err != nil {
+			return false, err
+		}
 	}
 	names := make([]string, 0, len(f.targets))
 	for name := range f.targets {
@@ -915,6 +939,11 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 	if err := f.carry(ctx, tx, out, loaded); err != nil {
 		return false, err
 	}
+	if from < f.inherited {
+		if err := f.markInheritedMoves(ctx, tx, moves); err != nil {
+			return false, err
+		}
+	}
 	// The marker places this transaction in the stream, among the target
 	// rows' lifecycle events (see package aggregator); the log holds what
 	// it applied until the stream has met it. A flush without deltas has
@@ -1187,6 +1216,36 @@ func (f *Flusher) carry(ctx context.Context, tx pgx.Tx, out *outcome, loaded []s
 		if err := state.MarkDirty(ctx, tx, f.opt.Slot, name, keys, cause); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// markInheritedMoves marks both ends of each lifecycle move of a batch an
+// earlier session buffered dirty (see Inherit).
+func (f *Flusher) markInheritedMoves(ctx context.Context, tx pgx.Tx, moves []counter.Move) error {
+	byCounter := map[string][]string{}
+	var names []string
+	for _, m := range moves {
+		for _, field := range []string{m.Field, m.To} {
+			name, key, ok := counter.SplitField(field)
+			if !ok {
+				continue // "": the row was deleted
+			}
+			if _, seen := byCounter[name]; !seen {
+				names = append(names, name)
+			}
+			if !slices.Contains(byCounter[name], key) {
+				byCounter[name] = append(byCounter[name], key)
+			}
+		}
+	}
+	for _, name := range names {
+		const cause = "a target row changed after a flush that walcount restarted before following"
+		if err := state.MarkDirty(ctx, tx, f.opt.Slot, name, byCounter[name], cause); err != nil {
+			return err
+		}
+		f.log.Warn("keys marked dirty: a target row was deleted or re-keyed in what an earlier session buffered, which may have crossed one of its flushes; reconciliation will measure them",
+			zap.String("counter", name), zap.Int("keys", len(byCounter[name])))
 	}
 	return nil
 }

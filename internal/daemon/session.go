@@ -324,6 +324,9 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 			return 0, err
 		}
 	}
+	if meta.Exists && meta.History == history {
+		f.Inherit(meta.LSN)
+	}
 	if _, err := f.Flush(ctx); err != nil {
 		if !errors.Is(err, buffer.ErrChainBroken) {
 			return 0, fmt.Errorf("resume flush: %w", err)
@@ -332,6 +335,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		// acknowledged, so the slot still has it: replay from W.
 		d.log.Warn("redis buffer does not continue the checkpoint; resetting it and replaying from the checkpoint",
 			zap.Error(err), zap.String(logLSN, f.W().String()))
+		f.Inherit(0)
 		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
