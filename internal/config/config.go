@@ -18,8 +18,10 @@ const (
 	DefaultPublication       = "walcount"
 	DefaultFlushInterval     = time.Second
 	DefaultHeartbeatInterval = 10 * time.Second
+
 	// DefaultFlushLockTime is flush_lock_time's default.
 	DefaultFlushLockTime = 200 * time.Millisecond
+
 	DefaultHTTPAddr          = "127.0.0.1:9750"
 	// CPUSchedulingBatch and CPUSchedulingNormal are the values of
 	// cpu_scheduling; batch is the default.
