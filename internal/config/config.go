@@ -22,7 +22,7 @@ const (
 	// DefaultFlushLockTime is flush_lock_time's default.
 	DefaultFlushLockTime = 200 * time.Millisecond
 
-	DefaultHTTPAddr          = "127.0.0.1:9750"
+	DefaultHTTPAddr = "127.0.0.1:9750"
 	// CPUSchedulingBatch and CPUSchedulingNormal are the values of
 	// cpu_scheduling; batch is the default.
 	CPUSchedulingBatch  = "batch"
