@@ -191,20 +191,21 @@ FROM walcount.carried WHERE slot_name = $1 AND parked_error IS NOT NULL ORDER BY
 }
 
 // CarriedCursor is a position in the slot's carried keys, in the order of
-// their primary key (counter, key); the zero value lies before the first.
+// (counter, length(key), key): numeric order for integer keys (index
+// carried_drain_order); the zero value lies before the first.
 type CarriedCursor struct {
 	Counter, Key string
 	Started      bool
 }
 
 // LoadCarriedPage returns up to limit of the slot's carried keys after
-// cursor, in (counter, key) order, and the cursor after them. Run it in a
+// cursor, in CarriedCursor's order, and the cursor after them. Run it in a
 // flush's transaction, after the checkpoint's row lock was taken.
 func LoadCarriedPage(ctx context.Context, q Querier, slot string, after CarriedCursor, limit int) ([]Carried, CarriedCursor, error) {
 	rows, err := q.Query(ctx, `SELECT counter, key, delta, since, coalesce(parked_error, ''), retry_at,
        parked_error IS NULL OR retry_at IS NULL OR retry_at <= now()
-FROM walcount.carried WHERE slot_name = $1 AND (NOT $2 OR (counter, key) > ($3, $4))
-ORDER BY counter, key LIMIT $5`, slot, after.Started, after.Counter, after.Key, limit)
+FROM walcount.carried WHERE slot_name = $1 AND (NOT $2 OR (counter, length(key), key) > ($3, length($4), $4))
+ORDER BY counter, length(key), key LIMIT $5`, slot, after.Started, after.Counter, after.Key, limit)
 	if err != nil {
 		return nil, after, fmt.Errorf("read carried deltas: %w", err)
 	}
