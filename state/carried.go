@@ -202,10 +202,20 @@ type CarriedCursor struct {
 // cursor, in CarriedCursor's order, and the cursor after them. Run it in a
 // flush's transaction, after the checkpoint's row lock was taken.
 func LoadCarriedPage(ctx context.Context, q Querier, slot string, after CarriedCursor, limit int) ([]Carried, CarriedCursor, error) {
-	rows, err := q.Query(ctx, `SELECT counter, key, delta, since, coalesce(parked_error, ''), retry_at,
+	// Two statements, not one with an OR: a generic plan could not use
+	// the cursor as an index bound, and every page would scan from the
+	// first key.
+	const cols = `SELECT counter, key, delta, since, coalesce(parked_error, ''), retry_at,
        parked_error IS NULL OR retry_at IS NULL OR retry_at <= now()
-FROM walcount.carried WHERE slot_name = $1 AND (NOT $2 OR (counter, length(key), key) > ($3, length($4), $4))
-ORDER BY counter, length(key), key LIMIT $5`, slot, after.Started, after.Counter, after.Key, limit)
+FROM walcount.carried WHERE slot_name = $1`
+	var rows pgx.Rows
+	var err error
+	if after.Started {
+		rows, err = q.Query(ctx, cols+` AND (counter, length(key), key) > ($3::text, length($4::text), $4::text)
+ORDER BY counter, length(key), key LIMIT $2`, slot, limit, after.Counter, after.Key)
+	} else {
+		rows, err = q.Query(ctx, cols+` ORDER BY counter, length(key), key LIMIT $2`, slot, limit)
+	}
 	if err != nil {
 		return nil, after, fmt.Errorf("read carried deltas: %w", err)
 	}
