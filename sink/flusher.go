@@ -505,8 +505,8 @@ func (f *Flusher) stage(ctx context.Context, h buffer.Handed) (bool, error) {
 // drain applies what walcount.carried holds in pieces, each its own
 // transaction of at most TransactionKeys keys that stops taking more once
 // it has spent TransactionTime updating, in (counter, key) order. A piece
-// is a flush without a hand-over: it takes the checkpoint row's lock with
-// a compare-and-set of W to itself, applies the carried deltas it can
+// is a flush without a hand-over: it takes the checkpoint row's lock
+// (SELECT … FOR UPDATE where W is still W), applies the carried deltas it can
 // lock at once, writes back what it could not (the same rules as every
 // flush: deferred, parked), and sends a flush marker for W, because its
 // deltas are of the rows as they were at W and it may cross their
@@ -568,7 +568,7 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 		return cursor, false, false, err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	held, err := state.CompareAndSet(ctx, tx, f.opt.Slot, w, w)
+	held, err := state.LockCheckpoint(ctx, tx, f.opt.Slot, w)
 	if err != nil {
 		return cursor, false, false, err
 	}
