@@ -14,8 +14,8 @@ import (
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
+	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/state"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // machine describes where the numbers come from.

@@ -40,7 +40,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // bench is one run's settings.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // recvlogicalProc is PostgreSQL's own logical replication client,

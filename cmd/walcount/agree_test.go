@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 var (

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestCheckJSON runs walcount check --json with the real binary: the

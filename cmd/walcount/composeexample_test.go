@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestComposeExampleChecksClean runs walcount check, with the real binary,

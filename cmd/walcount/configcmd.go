@@ -3,15 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/redact"
 )
 
 func newConfigCmd(g *globalFlags) *cobra.Command {
@@ -44,55 +41,21 @@ redis_sentinel.password) are masked. It connects to nothing.`,
 // configLine is one setting as walcount config prints it.
 type configLine struct{ key, value string }
 
-// effectiveSettings lists every setting of cfg with its value as text,
-// secrets masked, in the order of deploy/walcount.example.yaml.
+// effectiveSettings lists every setting of cfg (config.Table, in the order
+// of deploy/walcount.example.yaml) with its value as text, secrets masked,
+// then the counters.
 func effectiveSettings(cfg config.Config) []configLine {
-	str := strconv.Quote
-	dur := func(d time.Duration) string { return d.String() }
-	secret := func(v string) string {
-		if v == "" {
-			return `""`
+	var lines []configLine
+	for _, s := range config.Table {
+		if s.Key != "" {
+			lines = append(lines, configLine{s.Key, s.Show(cfg)})
 		}
-		return "xxxxx (set)"
-	}
-	interval := "24h0m0s (default)"
-	if cfg.Reconcile.Interval != nil {
-		interval = dur(*cfg.Reconcile.Interval)
 	}
 	counters := make([]string, len(cfg.Counters))
 	for i, c := range cfg.Counters {
 		counters[i] = c.Name
 	}
-	return []configLine{
-		{"database_url", str(redact.URL(cfg.DatabaseURL))},
-		{"replication_url", str(redact.URL(cfg.ReplicationURL))},
-		{"redis_url", str(redact.URL(cfg.RedisURL))},
-		{"redis_tls.ca_file", str(cfg.RedisTLS.CAFile)},
-		{"redis_tls.cert_file", str(cfg.RedisTLS.CertFile)},
-		{"redis_tls.key_file", str(cfg.RedisTLS.KeyFile)},
-		{"redis_tls.server_name", str(cfg.RedisTLS.ServerName)},
-		{"redis_tls.insecure_skip_verify", strconv.FormatBool(cfg.RedisTLS.InsecureSkipVerify)},
-		{"redis_sentinel.username", str(cfg.RedisSentinel.Username)},
-		{"redis_sentinel.password", secret(cfg.RedisSentinel.Password)},
-		{"slot", cfg.Slot},
-		{"publication", cfg.Publication},
-		{"flush_interval", dur(cfg.FlushInterval)},
-		{"heartbeat_interval", dur(cfg.HeartbeatInterval)},
-		{"stream_timeout", dur(cfg.StreamTimeout)},
-		{"flush_lock_time", dur(cfg.FlushLockTime)},
-		{"http_addr", str(cfg.HTTPAddr)},
-		{"http_token", secret(cfg.HTTPToken)},
-		{"log_level", cfg.LogLevel},
-		{"log_format", cfg.LogFormat},
-		{"cpu_scheduling", cfg.CPUScheduling},
-		{"on_slot_loss", cfg.OnSlotLoss},
-		{"slot_monitor.poll_interval", dur(cfg.SlotSettings.PollInterval)},
-		{"slot_monitor.max_lag_bytes", strconv.FormatInt(cfg.SlotSettings.MaxLagBytes, 10)},
-		{"reconcile.batch_size", strconv.Itoa(cfg.Reconcile.BatchSize)},
-		{"reconcile.interval", interval},
-		{"reconcile.max_keys_per_second", strconv.Itoa(cfg.Reconcile.MaxKeysPerSecond)},
-		{"counters", fmt.Sprintf("%d: %s", len(counters), strings.Join(counters, ", "))},
-	}
+	return append(lines, configLine{"counters", fmt.Sprintf("%d: %s", len(counters), strings.Join(counters, ", "))})
 }
 
 func printConfig(out io.Writer, cfg config.Config, fileFrom string) {

@@ -20,43 +20,49 @@ func newDemoCmd(g *globalFlags) *cobra.Command {
 	var opt demo.Options
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run walcount against throwaway PostgreSQL and Redis under a like/unlike load, then verify every count",
-		Long: `demo starts a throwaway PostgreSQL (wal_level=logical) and Redis from the local
-server binaries, creates a demo schema (walcount_demo.posts and .likes), runs
-setup, starts the daemon in this process and lets several clients like and
-unlike posts (Zipf-distributed, plus one viral post). It shows a live view once
-a second; at the end it stops the load, waits until walcount has applied every
-committed change and compares every post's likes_count with COUNT(*). It exits
-1 if any post differs.
+		Short: "Run walcount against the PostgreSQL and Redis you name under a like/unlike load, then verify every count",
+		Long: `demo runs on the PostgreSQL (wal_level=logical) and Redis that --database-url
+and --redis-url name (both required; only the flags count: DATABASE_URL and
+friends in the environment are ignored, so the demo never runs against an
+app's database by accident). make demo starts throwaway servers from the
+local binaries and passes their URLs; the walcount binary carries no code
+that starts servers.
 
-With --database-url or --redis-url it uses those servers instead (only the
-flags count: DATABASE_URL and friends in the environment are ignored, so the
-demo never runs against an app's database by accident). It keeps to its own
-schema, slot and publication, all named walcount_demo, and drops them at the end.`,
+It creates a demo schema (walcount_demo.posts and .likes), runs setup, starts
+the daemon in this process and lets several clients like and unlike posts
+(Zipf-distributed, plus one viral post). It shows a live view once a second;
+at the end it stops the load, waits until walcount has applied every
+committed change and compares every post's likes_count with COUNT(*). It
+exits 1 if any post differs. It keeps to its own schema, slot and
+publication, all named walcount_demo, and drops them at the end.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fl := cmd.Flags()
 			if fl.Changed("database-url") {
-				opt.DatabaseURL = g.databaseURL
+				opt.DatabaseURL, _ = fl.GetString("database-url")
 			}
 			if fl.Changed("redis-url") {
-				opt.RedisURL = g.redisURL
+				opt.RedisURL, _ = fl.GetString("redis-url")
 			}
 			if fl.Changed("flush-interval") {
-				if g.flushInterval <= 0 {
+				d, _ := fl.GetDuration("flush-interval")
+				if d <= 0 {
 					return usageError{errors.New("--flush-interval must be positive")}
 				}
-				opt.FlushInterval = g.flushInterval
+				opt.FlushInterval = d
+			}
+			if opt.DatabaseURL == "" || opt.RedisURL == "" {
+				return usageError{errors.New("walcount demo needs --database-url and --redis-url (make demo starts throwaway servers and passes them)")}
 			}
 			if opt.Duration <= 0 || opt.Clients <= 0 || opt.Posts < 2 {
 				return usageError{errors.New("--duration and --clients must be positive and --posts at least 2")}
 			}
 			level := demoLogLevel
 			if fl.Changed("log-level") {
-				level = g.logLevel
+				level, _ = fl.GetString("log-level")
 			}
 			format := config.LogFormatAuto
 			if fl.Changed("log-format") {
-				format = g.logFormat
+				format, _ = fl.GetString("log-format")
 			}
 			log, err := newLogger(level, format)
 			if err != nil {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestExitCodesWithoutServers runs the real binary where no server is
@@ -167,7 +167,8 @@ func TestOperatorCommandsExitCodes(t *testing.T) {
 // pipe: the line per second comes after a legend, printed once.
 func TestDemoPlainOutputHasALegend(t *testing.T) {
 	t.Parallel()
-	code, out, _ := walcount(t, nil, "demo", "--duration", "2s", "--clients", "2", "--posts", "50", "--flush-interval", "200ms")
+	pg, rs := testenv.Postgres(t), testenv.Redis(t)
+	code, out, _ := walcount(t, nil, "demo", "--database-url", pg.URL(), "--redis-url", rs.URL(), "--duration", "2s", "--clients", "2", "--posts", "50", "--flush-interval", "200ms")
 	if code != exitOK {
 		t.Fatalf("demo: exit %d, want 0", code)
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // duplicateKeys returns the keys that occur more than once in one object

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestMain clears the variables walcount reads, so that a developer's shell

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
@@ -65,8 +66,11 @@ Exit status:
 	cmd.Flags().StringVar(&req.Counter, "counter", "", "reconcile only this counter")
 	cmd.Flags().BoolVar(&req.DryRun, "dry-run", false, "report drift, change nothing; exit 3 when there is drift")
 	cmd.Flags().IntVar(&req.BatchSize, "batch-size", 0, "keys per measurement (default: the daemon's reconcile.batch_size)")
-	cmd.Flags().IntVar(&g.maxKeys, "max-keys-per-second", 0, settingHelp("max-keys-per-second",
-		"at most this many keys read per second by this run, 0 for no limit; unset, the daemon's own limit applies"))
+	for _, s := range config.Settings {
+		if s.Command == "reconcile" {
+			addSettingFlag(cmd, cmd.Flags(), s)
+		}
+	}
 	return cmd
 }
 

@@ -20,7 +20,7 @@ import (
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/setup"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/state"
 )
 

@@ -21,8 +21,8 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // tlsSetup is a PostgreSQL and a Redis that both accept TLS connections

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
@@ -15,22 +15,10 @@ import (
 	"github.com/walcount/walcount/internal/config"
 )
 
-// globalFlags are the settings every command shares (docs/design.md §6).
+// globalFlags are the settings every command shares (docs/design.md §6):
+// one flag per entry of config.Settings, which load reads back.
 type globalFlags struct {
-	configPath     string
-	databaseURL    string
-	replicationURL string
-	redisURL       string
-	slot           string
-	publication    string
-	flushInterval  time.Duration
-	httpAddr       string
-	httpToken      string
-	logLevel       string
-	logFormat      string
-	cpuScheduling  string // walcount run only
-	onSlotLoss     string // walcount run only
-	maxKeys        int    // walcount reconcile only
+	configPath string
 }
 
 func newRootCmd() *cobra.Command {
@@ -74,27 +62,12 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 	root.SetVersionTemplate(versionLine() + "\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	f := root.PersistentFlags()
-	f.StringVar(&g.configPath, "config", "", settingHelp("config", "YAML config file"))
-	f.StringVar(&g.databaseURL, "database-url", "", settingHelp("database-url", "PostgreSQL URL"))
-	f.StringVar(&g.replicationURL, "replication-url", "", settingHelp("replication-url", "PostgreSQL URL of the replication connection (the slot), when the database URL goes through a pooler"))
-	f.StringVar(&g.redisURL, "redis-url", "", settingHelp("redis-url", "Redis URL"))
-	f.StringVar(&g.slot, "slot", "", settingHelp("slot", "logical replication slot"))
-	f.StringVar(&g.publication, "publication", "", settingHelp("publication", "publication"))
-	f.DurationVar(&g.flushInterval, "flush-interval", 0, settingHelp("flush-interval", "how often deltas are applied to PostgreSQL"))
-	f.StringVar(&g.httpAddr, "http-addr", "", settingHelp("http-addr", "HTTP API address: run serves /metrics, /healthz, /readyz, /status and POST /v1/reconcile there; status and reconcile ask the daemon there"))
-	f.StringVar(&g.httpToken, "http-token", "", settingHelp("http-token", "bearer token POST /v1/reconcile requires when set; prefer the variable, a command line is visible to other users"))
-	f.StringVar(&g.logLevel, "log-level", "", settingHelp("log-level", "debug, info, warn or error"))
-	f.StringVar(&g.logFormat, "log-format", "", settingHelp("log-format", "auto (console on a terminal, JSON otherwise), console or json"))
-
-	// Shell completion (walcount completion SHELL) offers the values of
-	// the settings that have a fixed set.
-	fixed := func(values ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
-		return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
-			return values, cobra.ShellCompDirectiveNoFileComp
+	f.StringVar(&g.configPath, "config", "", settingHelp("config"))
+	for _, s := range config.Settings {
+		if s.Key != "" && !s.RunOnly && s.Command == "" {
+			addSettingFlag(root, f, s)
 		}
 	}
-	_ = root.RegisterFlagCompletionFunc("log-level", fixed("debug", "info", "warn", "error"))
-	_ = root.RegisterFlagCompletionFunc("log-format", fixed(config.LogFormatAuto, config.LogFormatConsole, config.LogFormatJSON))
 
 	root.AddCommand(
 		newRunCmd(g),
@@ -121,7 +94,7 @@ error; walcount reconcile --dry-run exits 3 when it found drift.`,
 // settingHelp is the help of a setting's flag: what it is, then its
 // variable and config key, from config.Settings, so that the help cannot
 // name a variable the loader does not read.
-func settingHelp(flag, what string) string {
+func settingHelp(flag string) string {
 	s, ok := config.SettingByFlag(flag)
 	if !ok {
 		panic("flag --" + flag + " has no config.Setting")
@@ -134,7 +107,30 @@ func settingHelp(flag, what string) string {
 	if s.Fallback != "" {
 		src += ", env " + s.Fallback
 	}
-	return fmt.Sprintf("%s (%s; default %s)", what, src, s.Default)
+	return fmt.Sprintf("%s (%s; default %s)", s.Help, src, s.Default)
+}
+
+// addSettingFlag defines the flag of s on fs, of the setting's kind, and
+// its shell completion (walcount completion SHELL) when the setting takes
+// one of a fixed set of values. load reads it back.
+func addSettingFlag(cmd *cobra.Command, fs *pflag.FlagSet, s config.Setting) {
+	help := settingHelp(s.Flag)
+	switch s.Kind() {
+	case "duration":
+		fs.Duration(s.Flag, 0, help)
+	case "int":
+		fs.Int(s.Flag, 0, help)
+	case "bool":
+		fs.Bool(s.Flag, false, help)
+	default:
+		fs.String(s.Flag, "", help)
+	}
+	if len(s.Values) > 0 {
+		values := s.Values
+		_ = cmd.RegisterFlagCompletionFunc(s.Flag, func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+			return values, cobra.ShellCompDirectiveNoFileComp
+		})
+	}
 }
 
 func noArgs(cmd *cobra.Command, args []string) error {
@@ -147,47 +143,13 @@ func noArgs(cmd *cobra.Command, args []string) error {
 // load builds the configuration from defaults, environment, file and the
 // flags that were set on cmd.
 func (g *globalFlags) load(cmd *cobra.Command) (config.Config, error) {
-	var ov config.Overrides
+	ov := config.Overrides{}
 	fl := cmd.Flags()
-	if fl.Changed("database-url") {
-		ov.DatabaseURL = &g.databaseURL
-	}
-	if fl.Changed("replication-url") {
-		ov.ReplicationURL = &g.replicationURL
-	}
-	if fl.Changed("redis-url") {
-		ov.RedisURL = &g.redisURL
-	}
-	if fl.Changed("slot") {
-		ov.Slot = &g.slot
-	}
-	if fl.Changed("publication") {
-		ov.Publication = &g.publication
-	}
-	if fl.Changed("flush-interval") {
-		ov.FlushInterval = &g.flushInterval
-	}
-	if fl.Changed("http-addr") {
-		ov.HTTPAddr = &g.httpAddr
-	}
-	if fl.Changed("http-token") {
-		ov.HTTPToken = &g.httpToken
-	}
-	if fl.Changed("log-level") {
-		ov.LogLevel = &g.logLevel
-	}
-	if fl.Changed("log-format") {
-		ov.LogFormat = &g.logFormat
-	}
-	if fl.Lookup("cpu-scheduling") != nil && fl.Changed("cpu-scheduling") {
-		ov.CPUScheduling = &g.cpuScheduling
-	}
-	if fl.Lookup("on-slot-loss") != nil && fl.Changed("on-slot-loss") {
-		ov.OnSlotLoss = &g.onSlotLoss
-	}
-	if fl.Lookup("max-keys-per-second") != nil && fl.Changed("max-keys-per-second") {
-		ov.MaxKeysPerSecond = &g.maxKeys
-	}
+	fl.Visit(func(f *pflag.Flag) {
+		if s, ok := config.SettingByFlag(f.Name); ok && s.Key != "" {
+			ov[f.Name] = f.Value.String()
+		}
+	})
 	path := g.configPath
 	if !fl.Changed("config") {
 		path = ""

@@ -39,8 +39,11 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&skipCheck, "skip-check", false, "start without the preflight checks of walcount check")
-	cmd.Flags().StringVar(&g.cpuScheduling, "cpu-scheduling", "", settingHelp("cpu-scheduling", "batch (Linux SCHED_BATCH: never preempt a database backend on a shared host) or normal"))
-	cmd.Flags().StringVar(&g.onSlotLoss, "on-slot-loss", "", settingHelp("on-slot-loss", "what to do when the slot is lost or invalidated: stop (exit 1 for an operator) or recreate (a new slot, every counter marked dirty and reconciled)"))
+	for _, s := range config.Settings {
+		if s.RunOnly {
+			addSettingFlag(cmd, cmd.Flags(), s)
+		}
+	}
 	return cmd
 }
 

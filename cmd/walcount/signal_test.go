@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestRunStopsCleanlyOnSIGTERM runs the real binary: after SIGTERM it

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walcount/walcount/internal/servers"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // readyz returns the status code and body of the daemon's /readyz, or 0

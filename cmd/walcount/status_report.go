@@ -17,18 +17,18 @@ import (
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
 // statusReport is what walcount status prints; it works whether or not
 // the daemon runs.
 type statusReport struct {
-	Slot            monitor.SlotStatus `json:"slot"`
-	Checkpoint      string             `json:"checkpoint_lsn,omitempty"`
-	CheckpointAt    *time.Time         `json:"checkpoint_updated_at,omitempty"`
-	CheckpointAge   *float64           `json:"checkpoint_age_seconds,omitempty"`
-	CheckpointError string             `json:"checkpoint_error,omitempty"`
+	Slot            slot.SlotStatus `json:"slot"`
+	Checkpoint      string          `json:"checkpoint_lsn,omitempty"`
+	CheckpointAt    *time.Time      `json:"checkpoint_updated_at,omitempty"`
+	CheckpointAge   *float64        `json:"checkpoint_age_seconds,omitempty"`
+	CheckpointError string          `json:"checkpoint_error,omitempty"`
 	// Dirty are the counters, or keys, walcount cannot vouch for until a
 	// reconciliation repaired them, read from its state schema.
 	Dirty []state.Dirty `json:"dirty,omitempty"`
@@ -55,7 +55,7 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	}
 	defer conn.Close(context.Background())
 	var r statusReport
-	if r.Slot, err = monitor.ReadSlot(ctx, conn, cfg.Slot); err != nil {
+	if r.Slot, err = slot.ReadSlot(ctx, conn, cfg.Slot); err != nil {
 		return err
 	}
 	if w, age, err := state.ReadCheckpointAge(ctx, conn, cfg.Slot); err != nil {
@@ -163,7 +163,7 @@ func statusWarnings(r statusReport) []string {
 		}
 		w = append(w, msg)
 	}
-	if s.WALStatus == monitor.WALUnreserved {
+	if s.WALStatus == slot.WALUnreserved {
 		w = append(w, "wal_status is unreserved: the slot is about to lose WAL it needs; catch up now or raise max_slot_wal_keep_size")
 	}
 	if r.CheckpointError != "" {
@@ -379,19 +379,19 @@ func dirtyCounters(marks []state.Dirty) []dirtyCounter {
 // walStatusMeaning says what each pg_replication_slots.wal_status means
 // for walcount.
 var walStatusMeaning = map[string]string{
-	monitor.WALReserved:   "the slot's WAL is within max_wal_size",
-	monitor.WALExtended:   "the slot keeps more than max_wal_size, within max_slot_wal_keep_size",
-	monitor.WALUnreserved: "WAL the slot needs may be removed at the next checkpoint",
-	monitor.WALLost:       "WAL the slot needed was removed",
+	slot.WALReserved:   "the slot's WAL is within max_wal_size",
+	slot.WALExtended:   "the slot keeps more than max_wal_size, within max_slot_wal_keep_size",
+	slot.WALUnreserved: "WAL the slot needs may be removed at the next checkpoint",
+	slot.WALLost:       "WAL the slot needed was removed",
 }
 
-func walStatusLine(s monitor.SlotStatus) string {
+func walStatusLine(s slot.SlotStatus) string {
 	status := s.WALStatus
 	if status == "" {
 		status = "null"
 	}
-	if s.Invalidated && s.InvalidationReason != "" && s.InvalidationReason != monitor.ReasonWALRemoved {
-		return fmt.Sprintf("%s (invalidated, invalidation_reason %s: %s)", status, s.InvalidationReason, monitor.InvalidationMeaning(s.InvalidationReason))
+	if s.Invalidated && s.InvalidationReason != "" && s.InvalidationReason != slot.ReasonWALRemoved {
+		return fmt.Sprintf("%s (invalidated, invalidation_reason %s: %s)", status, s.InvalidationReason, slot.InvalidationMeaning(s.InvalidationReason))
 	}
 	if m, ok := walStatusMeaning[s.WALStatus]; ok {
 		return status + " (" + m + ")"

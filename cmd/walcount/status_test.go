@@ -19,10 +19,10 @@ import (
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/httpapi"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
-	"github.com/walcount/walcount/internal/testenv"
-	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -166,7 +166,7 @@ func TestStatusInactiveLaggingSlot(t *testing.T) {
 	first := statusParsed(t, cfg)
 	c.like(t, 1000)
 	second := statusParsed(t, cfg)
-	if !second.Slot.Exists || second.Slot.Active || second.Slot.WALStatus != monitor.WALReserved {
+	if !second.Slot.Exists || second.Slot.Active || second.Slot.WALStatus != slot.WALReserved {
 		t.Errorf("slot in --json = %+v, want an existing, inactive, reserved slot", second.Slot)
 	}
 	if first.Slot.LagBytes <= 0 || second.Slot.LagBytes <= first.Slot.LagBytes || second.Slot.Retained < second.Slot.LagBytes {
@@ -294,7 +294,7 @@ func TestRunStopsOnLostSlot(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		st, err := monitor.ReadSlot(ctx, conn, c.cfg.Slot)
+		st, err := slot.ReadSlot(ctx, conn, c.cfg.Slot)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,8 +319,8 @@ func TestRunStopsOnLostSlot(t *testing.T) {
 
 	core, logs := observer.New(zapcore.InfoLevel)
 	err = runWithin(t, cfg, zap.New(core), true)
-	if !errors.Is(err, monitor.ErrSlotLost) {
-		t.Fatalf("walcount run --skip-check = %v, want an error wrapping monitor.ErrSlotLost", err)
+	if !errors.Is(err, slot.ErrSlotLost) {
+		t.Fatalf("walcount run --skip-check = %v, want an error wrapping slot.ErrSlotLost", err)
 	}
 	for _, want := range []string{todo, "on_slot_loss: recreate"} {
 		if !strings.Contains(err.Error(), want) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestStatusRedisDown runs the real binary's status against a Redis that

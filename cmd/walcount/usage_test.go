@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestUnknownCommandSuggests: a misspelt command is a usage error that

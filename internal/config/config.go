@@ -6,8 +6,8 @@ import (
 
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/reconcile"
+	"github.com/walcount/walcount/slot"
 )
 
 // Defaults of the settings. Each is documented in README.md.
@@ -100,7 +100,7 @@ type Config struct {
 	OnSlotLoss string `yaml:"on_slot_loss"`
 	// Counters are the counter caches to maintain; empty means
 	// []counter.Counter{counter.Default()}.
-	Counters []counter.Counter `yaml:"counters"`
+	Counters []counter.Counter `yaml:"-"`
 	// SlotSettings tune slot monitoring.
 	SlotSettings SlotSettings `yaml:"slot_monitor"`
 	// Reconcile tunes reconciliation.
@@ -222,8 +222,8 @@ func Default() Config {
 		OnSlotLoss:        SlotLossStop,
 		Counters:          []counter.Counter{counter.Default()},
 		SlotSettings: SlotSettings{
-			PollInterval: monitor.DefaultPollInterval,
-			MaxLagBytes:  monitor.DefaultMaxLagBytes,
+			PollInterval: slot.DefaultPollInterval,
+			MaxLagBytes:  slot.DefaultMaxLagBytes,
 		},
 		Reconcile: ReconcileSettings{BatchSize: reconcile.DefaultBatchSize},
 	}

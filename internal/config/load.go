@@ -12,32 +12,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/walcount/walcount/counter"
 )
 
-// Overrides are the settings given as command-line flags. A nil field was
-// not given and leaves the value from the environment, the file or the
-// default in place.
-type Overrides struct {
-	DatabaseURL    *string
-	ReplicationURL *string
-	RedisURL       *string
-	Slot           *string
-	Publication    *string
-	HTTPAddr       *string
-	HTTPToken      *string
-	LogLevel       *string
-	LogFormat      *string
-	FlushInterval  *time.Duration
-	CPUScheduling  *string
-	OnSlotLoss     *string
-	// MaxKeysPerSecond is reconcile.max_keys_per_second.
-	MaxKeysPerSecond *int
-}
+// Overrides are the settings given as command-line flags: the flag's name
+// (without dashes, a Setting.Flag) to its value as text, as the flag
+// holds it. A flag that is absent was not given and leaves the value from
+// the environment, the file or the default in place.
+type Overrides map[string]string
 
 // Load builds the Config that walcount runs with. Each setting comes from
 // the first of these that sets it:
@@ -73,7 +58,7 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 			continue
 		}
 		if v, name, ok := firstEnv(env, s.Fallback); ok {
-			_ = s.set(&cfg, v) // fallbacks are URLs, which parse as text
+			_ = s.Set(&cfg, v) // fallbacks are URLs, which parse as text
 			origin[s.Key] = name
 		}
 	}
@@ -102,46 +87,37 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	}
 
 	flagged := map[string]bool{}
-	flag := func(dst *string, v *string, field, name string) {
-		if v != nil {
-			*dst, origin[field], flagged[field] = *v, name, true
-		}
-	}
 	// envProblems are values of variables that do not parse, by field. A
 	// flag that sets the field makes them moot.
 	envProblems := map[string]Problem{}
 	for _, s := range Settings {
-		if s.Env == "" || s.set == nil {
+		if s.Env == "" || s.Key == "" {
 			continue
 		}
 		v, name, ok := firstEnv(env, s.Env)
 		if !ok {
 			continue
 		}
-		if err := s.set(&cfg, v); err != nil {
+		if err := s.Set(&cfg, v); err != nil {
 			envProblems[s.Key] = Problem{Source: name, Msg: err.Error()}
 			continue
 		}
 		origin[s.Key] = name
 	}
-
-	flag(&cfg.DatabaseURL, ov.DatabaseURL, "database_url", "--database-url")
-	flag(&cfg.ReplicationURL, ov.ReplicationURL, "replication_url", "--replication-url")
-	flag(&cfg.RedisURL, ov.RedisURL, "redis_url", "--redis-url")
-	flag(&cfg.Slot, ov.Slot, "slot", "--slot")
-	flag(&cfg.Publication, ov.Publication, "publication", "--publication")
-	flag(&cfg.HTTPAddr, ov.HTTPAddr, "http_addr", "--http-addr")
-	flag(&cfg.HTTPToken, ov.HTTPToken, "http_token", "--http-token")
-	flag(&cfg.LogLevel, ov.LogLevel, "log_level", "--log-level")
-	flag(&cfg.LogFormat, ov.LogFormat, "log_format", "--log-format")
-	flag(&cfg.CPUScheduling, ov.CPUScheduling, "cpu_scheduling", "--cpu-scheduling")
-	flag(&cfg.OnSlotLoss, ov.OnSlotLoss, "on_slot_loss", "--on-slot-loss")
-	if ov.FlushInterval != nil {
-		cfg.FlushInterval, origin["flush_interval"], flagged["flush_interval"] = *ov.FlushInterval, "--flush-interval", true
+	var flagProblems []Problem
+	for _, s := range Settings {
+		v, ok := ov[s.Flag]
+		if !ok || s.Key == "" {
+			continue
+		}
+		if err := s.Set(&cfg, v); err != nil {
+			flagProblems = append(flagProblems, Problem{Source: "--" + s.Flag, Msg: err.Error()})
+			continue
+		}
+		origin[s.Key], flagged[s.Key] = "--"+s.Flag, true
 	}
-	if ov.MaxKeysPerSecond != nil {
-		const key = "reconcile.max_keys_per_second"
-		cfg.Reconcile.MaxKeysPerSecond, origin[key], flagged[key] = *ov.MaxKeysPerSecond, "--max-keys-per-second", true
+	if len(flagProblems) > 0 {
+		return Config{}, &Error{Problems: flagProblems}
 	}
 
 	var problems []Problem
@@ -201,37 +177,12 @@ func Parse(data []byte, source string) (Config, error) {
 	return cfg, nil
 }
 
-// fileConfig is the YAML layout of a configuration file. It is separate
-// from Config because Config's tags cannot be decoded as they are (Slot and
-// SlotSettings both claim "slot") and because names in the file are SQL
-// identifiers that are normalised on the way in.
+// fileConfig is the YAML layout of a configuration file: Config, whose
+// yaml tags are the keys of Table, and the counters, whose names are SQL
+// identifiers that are normalised on the way in (fileCounters).
 type fileConfig struct {
-	DatabaseURL       string        `yaml:"database_url"`
-	ReplicationURL    string        `yaml:"replication_url"`
-	RedisURL          string        `yaml:"redis_url"`
-	RedisTLS          RedisTLS      `yaml:"redis_tls"`
-	RedisSentinel     RedisSentinel `yaml:"redis_sentinel"`
-	Slot              string        `yaml:"slot"`
-	Publication       string        `yaml:"publication"`
-	FlushInterval     time.Duration `yaml:"flush_interval"`
-	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
-	StreamTimeout     time.Duration `yaml:"stream_timeout"`
-	FlushLockTime     time.Duration `yaml:"flush_lock_time"`
-	HTTPAddr          string        `yaml:"http_addr"`
-	HTTPToken         string        `yaml:"http_token"`
-	LogLevel          string        `yaml:"log_level"`
-	LogFormat         string        `yaml:"log_format"`
-	CPUScheduling     string        `yaml:"cpu_scheduling"`
-	OnSlotLoss        string        `yaml:"on_slot_loss"`
-	Counters          []fileCounter `yaml:"counters"`
-	SlotMonitor       SlotSettings  `yaml:"slot_monitor"`
-	Reconcile         fileReconcile `yaml:"reconcile"`
-}
-
-type fileReconcile struct {
-	BatchSize        int            `yaml:"batch_size"`
-	Interval         *time.Duration `yaml:"interval"`
-	MaxKeysPerSecond int            `yaml:"max_keys_per_second"`
+	Config   `yaml:",inline"`
+	Counters []fileCounter `yaml:"counters"`
 }
 
 type fileCounter struct {
@@ -282,54 +233,13 @@ func decode(data []byte, source string, env func(string) (string, bool), cfg *Co
 		return nil, &Error{Problems: []Problem{{Source: source, Line: doc.Content[0].Line, Msg: "the file must be a mapping of settings"}}}
 	}
 
-	fc := fileConfig{
-		DatabaseURL:       cfg.DatabaseURL,
-		ReplicationURL:    cfg.ReplicationURL,
-		RedisURL:          cfg.RedisURL,
-		RedisTLS:          cfg.RedisTLS,
-		RedisSentinel:     cfg.RedisSentinel,
-		Slot:              cfg.Slot,
-		Publication:       cfg.Publication,
-		FlushInterval:     cfg.FlushInterval,
-		HeartbeatInterval: cfg.HeartbeatInterval,
-		StreamTimeout:     cfg.StreamTimeout,
-		FlushLockTime:     cfg.FlushLockTime,
-		HTTPAddr:          cfg.HTTPAddr,
-		HTTPToken:         cfg.HTTPToken,
-		LogLevel:          cfg.LogLevel,
-		LogFormat:         cfg.LogFormat,
-		CPUScheduling:     cfg.CPUScheduling,
-		OnSlotLoss:        cfg.OnSlotLoss,
-		SlotMonitor:       cfg.SlotSettings,
-		Reconcile: fileReconcile{BatchSize: cfg.Reconcile.BatchSize, Interval: cfg.Reconcile.Interval,
-			MaxKeysPerSecond: cfg.Reconcile.MaxKeysPerSecond},
-	}
+	fc := fileConfig{Config: *cfg}
 	dec := yaml.NewDecoder(bytes.NewReader(expanded))
 	dec.KnownFields(true)
 	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, yamlError(source, err)
 	}
-
-	cfg.DatabaseURL = fc.DatabaseURL
-	cfg.ReplicationURL = fc.ReplicationURL
-	cfg.RedisURL = fc.RedisURL
-	cfg.RedisTLS = fc.RedisTLS
-	cfg.RedisSentinel = fc.RedisSentinel
-	cfg.Slot = fc.Slot
-	cfg.Publication = fc.Publication
-	cfg.FlushInterval = fc.FlushInterval
-	cfg.HeartbeatInterval = fc.HeartbeatInterval
-	cfg.StreamTimeout = fc.StreamTimeout
-	cfg.FlushLockTime = fc.FlushLockTime
-	cfg.HTTPAddr = fc.HTTPAddr
-	cfg.HTTPToken = fc.HTTPToken
-	cfg.LogLevel = fc.LogLevel
-	cfg.LogFormat = fc.LogFormat
-	cfg.CPUScheduling = fc.CPUScheduling
-	cfg.OnSlotLoss = fc.OnSlotLoss
-	cfg.SlotSettings = fc.SlotMonitor
-	cfg.Reconcile = ReconcileSettings{BatchSize: fc.Reconcile.BatchSize, Interval: fc.Reconcile.Interval,
-		MaxKeysPerSecond: fc.Reconcile.MaxKeysPerSecond}
+	*cfg = fc.Config
 
 	// An absent or empty counters list keeps the default counter, as
 	// Config.Counters documents.
@@ -410,7 +320,7 @@ var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 var yamlTypeNames = strings.NewReplacer(
 	"in type config.fileCounter", "in a counter",
 	"in type config.fileConfig", "at the top level",
-	"in type config.fileReconcile", "in reconcile",
+	"in type config.ReconcileSettings", "in reconcile",
 	"in type config.SlotSettings", "in slot_monitor",
 	"in type config.RedisTLS", "in redis_tls",
 	"in type config.RedisSentinel", "in redis_sentinel",
@@ -418,7 +328,7 @@ var yamlTypeNames = strings.NewReplacer(
 	"into []config.fileCounter", "into the counters list",
 	"into config.fileCounter", "into a counter",
 	"into config.fileConfig", "into the settings",
-	"into config.fileReconcile", "into reconcile settings",
+	"into config.ReconcileSettings", "into reconcile settings",
 	"into config.SlotSettings", "into slot_monitor settings",
 	"into config.RedisTLS", "into redis_tls settings",
 	"into config.RedisSentinel", "into redis_sentinel settings",

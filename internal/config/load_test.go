@@ -27,7 +27,6 @@ func writeFile(tb testing.TB, content string) string {
 }
 
 func TestLoadPrecedence(t *testing.T) {
-	str := func(s string) *string { return &s }
 	const (
 		flagDB  = "postgres://flag/db"
 		fileDB  = "postgres://file/db"
@@ -59,9 +58,9 @@ func TestLoadPrecedence(t *testing.T) {
 			file: "database_url: " + DefaultDatabaseURL + "\n",
 			env:  map[string]string{"DATABASE_URL": plainDB}, wantDB: DefaultDatabaseURL},
 		{name: "flag over file", file: "database_url: " + fileDB + "\n",
-			env: map[string]string{"WALCOUNT_DATABASE_URL": envDB}, ov: Overrides{DatabaseURL: str(flagDB)}, wantDB: flagDB},
+			env: map[string]string{"WALCOUNT_DATABASE_URL": envDB}, ov: Overrides{"database-url": flagDB}, wantDB: flagDB},
 		{name: "flag over environment",
-			env: map[string]string{"WALCOUNT_DATABASE_URL": envDB}, ov: Overrides{DatabaseURL: str(flagDB)}, wantDB: flagDB},
+			env: map[string]string{"WALCOUNT_DATABASE_URL": envDB}, ov: Overrides{"database-url": flagDB}, wantDB: flagDB},
 		{name: "file expands the environment", file: "database_url: ${APP_DB}x\n",
 			env: map[string]string{"APP_DB": envDB}, wantDB: envDB + "x"},
 	}
@@ -83,8 +82,6 @@ func TestLoadPrecedence(t *testing.T) {
 }
 
 func TestLoadRedisAndFlags(t *testing.T) {
-	str := func(s string) *string { return &s }
-	dur := func(d time.Duration) *time.Duration { return &d }
 	path := writeFile(t, `
 redis_url: redis://file:6379/0
 slot: file_slot
@@ -107,9 +104,9 @@ cpu_scheduling: normal
 	}
 
 	cfg, err = Load(path, env, Overrides{
-		RedisURL: str("redis://flag:6379/0"), Slot: str("flag_slot"), Publication: str("flag_pub"),
-		HTTPAddr: str(""), LogLevel: str("debug"), FlushInterval: dur(250 * time.Millisecond),
-		CPUScheduling: str(CPUSchedulingBatch),
+		"redis-url": "redis://flag:6379/0", "slot": "flag_slot", "publication": "flag_pub",
+		"http-addr": "", "log-level": "debug", "flush-interval": "250ms",
+		"cpu-scheduling": CPUSchedulingBatch,
 	})
 	if err != nil {
 		t.Fatalf("Load: %v", err)
@@ -155,8 +152,6 @@ func TestLoadConfigPath(t *testing.T) {
 }
 
 func TestLoadErrors(t *testing.T) {
-	str := func(s string) *string { return &s }
-	dur := func(d time.Duration) *time.Duration { return &d }
 	file := writeFile(t, "slot: Bad\n")
 	good := writeFile(t, "slot: good\n")
 	missing := filepath.Join(t.TempDir(), "nope.yaml")
@@ -171,8 +166,8 @@ func TestLoadErrors(t *testing.T) {
 		{name: "missing file from WALCOUNT_CONFIG", env: map[string]string{"WALCOUNT_CONFIG": missing},
 			want: missing + ": read config file: no such file or directory"},
 		{name: "bad value in file", path: file, want: file + `: slot: "Bad" is not a valid slot name`},
-		{name: "bad flag", path: good, ov: Overrides{Slot: str("Bad")}, want: `--slot: "Bad" is not a valid slot name`},
-		{name: "flag fixes the file", path: file, ov: Overrides{Slot: str("fixed"), FlushInterval: dur(0)},
+		{name: "bad flag", path: good, ov: Overrides{"slot": "Bad"}, want: `--slot: "Bad" is not a valid slot name`},
+		{name: "flag fixes the file", path: file, ov: Overrides{"slot": "fixed", "flush-interval": "0s"},
 			want: "--flush-interval: 0s is out of range"},
 		{name: "bad variable", env: map[string]string{"WALCOUNT_REDIS_URL": "http://u:secret@h"},
 			want: `WALCOUNT_REDIS_URL: scheme "http" is not redis://`},
@@ -202,9 +197,6 @@ func TestLoadErrors(t *testing.T) {
 // that its environment variable overrides the file and that the flag
 // overrides the variable: flag > environment > file > default.
 func TestLoadEverySettingPrecedence(t *testing.T) {
-	str := func(s string) *string { return &s }
-	dur := func(d time.Duration) *time.Duration { return &d }
-	num := func(n int) *int { return &n }
 	type values struct {
 		file, env string
 		flag      Overrides
@@ -212,25 +204,25 @@ func TestLoadEverySettingPrecedence(t *testing.T) {
 		wantFlag  string
 	}
 	cases := map[string]values{
-		"database_url": {"postgres://file/db", "postgres://env/db", Overrides{DatabaseURL: str("postgres://flag/db")},
+		"database_url": {"postgres://file/db", "postgres://env/db", Overrides{"database-url": "postgres://flag/db"},
 			func(c Config) string { return c.DatabaseURL }, "postgres://flag/db"},
-		"replication_url": {"postgres://file/repl", "postgres://env/repl", Overrides{ReplicationURL: str("postgres://flag/repl")},
+		"replication_url": {"postgres://file/repl", "postgres://env/repl", Overrides{"replication-url": "postgres://flag/repl"},
 			func(c Config) string { return c.ReplicationURL }, "postgres://flag/repl"},
-		"redis_url": {"redis://file:6379/0", "redis://env:6379/0", Overrides{RedisURL: str("redis://flag:6379/0")},
+		"redis_url": {"redis://file:6379/0", "redis://env:6379/0", Overrides{"redis-url": "redis://flag:6379/0"},
 			func(c Config) string { return c.RedisURL }, "redis://flag:6379/0"},
-		"slot":        {"file_slot", "env_slot", Overrides{Slot: str("flag_slot")}, func(c Config) string { return c.Slot }, "flag_slot"},
-		"publication": {"file_pub", "env_pub", Overrides{Publication: str("flag_pub")}, func(c Config) string { return c.Publication }, "flag_pub"},
-		"flush_interval": {"2s", "3s", Overrides{FlushInterval: dur(4 * time.Second)},
+		"slot":        {"file_slot", "env_slot", Overrides{"slot": "flag_slot"}, func(c Config) string { return c.Slot }, "flag_slot"},
+		"publication": {"file_pub", "env_pub", Overrides{"publication": "flag_pub"}, func(c Config) string { return c.Publication }, "flag_pub"},
+		"flush_interval": {"2s", "3s", Overrides{"flush-interval": "4s"},
 			func(c Config) string { return c.FlushInterval.String() }, "4s"},
-		"http_addr":  {"127.0.0.1:1", "127.0.0.1:2", Overrides{HTTPAddr: str("127.0.0.1:3")}, func(c Config) string { return c.HTTPAddr }, "127.0.0.1:3"},
-		"http_token": {"file-token", "env-token", Overrides{HTTPToken: str("flag-token")}, func(c Config) string { return c.HTTPToken }, "flag-token"},
-		"log_level":  {"warn", "error", Overrides{LogLevel: str("debug")}, func(c Config) string { return c.LogLevel }, "debug"},
-		"log_format": {"console", "json", Overrides{LogFormat: str("auto")}, func(c Config) string { return c.LogFormat }, "auto"},
-		"cpu_scheduling": {"normal", "batch", Overrides{CPUScheduling: str("normal")},
+		"http_addr":  {"127.0.0.1:1", "127.0.0.1:2", Overrides{"http-addr": "127.0.0.1:3"}, func(c Config) string { return c.HTTPAddr }, "127.0.0.1:3"},
+		"http_token": {"file-token", "env-token", Overrides{"http-token": "flag-token"}, func(c Config) string { return c.HTTPToken }, "flag-token"},
+		"log_level":  {"warn", "error", Overrides{"log-level": "debug"}, func(c Config) string { return c.LogLevel }, "debug"},
+		"log_format": {"console", "json", Overrides{"log-format": "auto"}, func(c Config) string { return c.LogFormat }, "auto"},
+		"cpu_scheduling": {"normal", "batch", Overrides{"cpu-scheduling": "normal"},
 			func(c Config) string { return c.CPUScheduling }, "normal"},
-		"on_slot_loss": {"recreate", "stop", Overrides{OnSlotLoss: str("recreate")},
+		"on_slot_loss": {"recreate", "stop", Overrides{"on-slot-loss": "recreate"},
 			func(c Config) string { return c.OnSlotLoss }, "recreate"},
-		"reconcile.max_keys_per_second": {"5000", "7000", Overrides{MaxKeysPerSecond: num(9000)},
+		"reconcile.max_keys_per_second": {"5000", "7000", Overrides{"max-keys-per-second": "9000"},
 			func(c Config) string { return strconv.Itoa(c.Reconcile.MaxKeysPerSecond) }, "9000"},
 	}
 	for _, s := range Settings {
@@ -275,7 +267,6 @@ func yamlSetting(key, value string) string {
 }
 
 func TestLoadEnvironmentErrors(t *testing.T) {
-	dur := func(d time.Duration) *time.Duration { return &d }
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -287,7 +278,7 @@ func TestLoadEnvironmentErrors(t *testing.T) {
 		{name: "duration out of range", env: map[string]string{"WALCOUNT_FLUSH_INTERVAL": "0s"},
 			want: "WALCOUNT_FLUSH_INTERVAL: 0s is out of range"},
 		{name: "a flag makes a bad variable moot", env: map[string]string{"WALCOUNT_FLUSH_INTERVAL": "often"},
-			ov: Overrides{FlushInterval: dur(time.Second)}},
+			ov: Overrides{"flush-interval": "1s"}},
 		{name: "bad log format", env: map[string]string{"WALCOUNT_LOG_FORMAT": "xml"},
 			want: `WALCOUNT_LOG_FORMAT: "xml" is not one of auto, console, json`},
 		{name: "bad slot", env: map[string]string{"WALCOUNT_SLOT": "Bad"}, want: `WALCOUNT_SLOT: "Bad" is not a valid slot name`},
@@ -298,7 +289,7 @@ func TestLoadEnvironmentErrors(t *testing.T) {
 		{name: "negative rate", env: map[string]string{"WALCOUNT_MAX_KEYS_PER_SECOND": "-5"},
 			want: "WALCOUNT_MAX_KEYS_PER_SECOND: -5 is out of range: must be 0 (no limit) or more"},
 		{name: "a flag makes a bad rate moot", env: map[string]string{"WALCOUNT_MAX_KEYS_PER_SECOND": "fast"},
-			ov: Overrides{MaxKeysPerSecond: func() *int { n := 100; return &n }()}},
+			ov: Overrides{"max-keys-per-second": "100"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // TestRedisSettings: every topology's URL and the redis_tls and

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/reconcile"
+	"github.com/walcount/walcount/slot"
 )
 
 func TestParseErrors(t *testing.T) {
@@ -266,7 +266,7 @@ func TestParseDefaults(t *testing.T) {
 				t.Errorf("Counters = %+v, want the default counter", cfg.Counters)
 			}
 			if cfg.FlushInterval != DefaultFlushInterval || cfg.Reconcile.BatchSize != reconcile.DefaultBatchSize ||
-				cfg.SlotSettings.PollInterval != monitor.DefaultPollInterval {
+				cfg.SlotSettings.PollInterval != slot.DefaultPollInterval {
 				t.Errorf("defaults lost: %+v", cfg)
 			}
 		})

@@ -21,9 +21,9 @@ import (
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -91,7 +91,7 @@ type Daemon struct {
 	// flushes outlives sessions: a restarted session meets the markers
 	// of flushes an earlier one made.
 	flushes *sink.FlushLog
-	mon     *monitor.Monitor
+	mon     *slot.Monitor
 	rec     *reconcile.Reconciler
 
 	// standbyMisses is owned by the observe goroutine (checkStandbyWait).
@@ -206,7 +206,7 @@ func New(opt Options) (*Daemon, error) {
 		buf:     buffer.New(rdb, cfg.Slot),
 		lag:     sink.NewLagTracker(0),
 		flushes: sink.NewFlushLog(),
-		mon: monitor.New(monitor.Options{Querier: pool, Slot: cfg.Slot, Interval: cfg.SlotSettings.PollInterval,
+		mon: slot.New(slot.Options{Querier: pool, Slot: cfg.Slot, Interval: cfg.SlotSettings.PollInterval,
 			MaxLagBytes: cfg.SlotSettings.MaxLagBytes, Metrics: opt.Metrics, Logger: opt.Logger,
 			KeepWatchingLostSlot: cfg.OnSlotLoss == config.SlotLossRecreate}),
 	}

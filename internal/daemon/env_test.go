@@ -14,9 +14,9 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -23,7 +23,7 @@ import (
 	"github.com/walcount/walcount/internal/buildinfo"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/metrics"
-	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/slot"
 )
 
 // These tests look at walcount the way an operator does: over HTTP, in the
@@ -450,7 +450,7 @@ func TestSlotLagRisesWhileStoppedAndFalls(t *testing.T) {
 	// traffic pile up behind the slot.
 	lagStopped := func() int64 {
 		t.Helper()
-		st, err := monitor.ReadSlot(ctx, e.db, e.cfg.Slot)
+		st, err := slot.ReadSlot(ctx, e.db, e.cfg.Slot)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -504,7 +504,7 @@ func TestSlotLagRisesWhileStoppedAndFalls(t *testing.T) {
 		t.Errorf("scraped lag %v after the stop is not above %v before it", lagBlocked, lagRunning)
 	}
 	body := second.waitReadyz(t, http.StatusServiceUnavailable, "/readyz to fail on the lag alone", func(b string) bool {
-		return strings.Contains(b, monitor.ErrLagTooHigh.Error()) && !strings.Contains(b, "not streaming") &&
+		return strings.Contains(b, slot.ErrLagTooHigh.Error()) && !strings.Contains(b, "not streaming") &&
 			!strings.Contains(b, "postgres:") && !strings.Contains(b, "redis:")
 	})
 	t.Logf("/readyz while behind: %s", strings.TrimSpace(body))
@@ -623,7 +623,7 @@ func TestReadyzFlipsAndFailureLogs(t *testing.T) {
 
 // TestLostSlotStopsDaemon loses the slot while the daemon is stopped (a
 // tiny max_slot_wal_keep_size, WAL switches and checkpoints) and starts it
-// again: Run must return an error that wraps monitor.ErrSlotLost and tells
+// again: Run must return an error that wraps slot.ErrSlotLost and tells
 // the operator what to do (design rule 12).
 func TestLostSlotStopsDaemon(t *testing.T) {
 	t.Parallel()
@@ -641,12 +641,12 @@ func TestLostSlotStopsDaemon(t *testing.T) {
 
 	s := e.serve()
 	err := s.wait(t, observeWithin)
-	if !errors.Is(err, monitor.ErrSlotLost) {
-		t.Fatalf("Run = %v, want an error wrapping monitor.ErrSlotLost", err)
+	if !errors.Is(err, slot.ErrSlotLost) {
+		t.Fatalf("Run = %v, want an error wrapping slot.ErrSlotLost", err)
 	}
-	var lost *monitor.SlotLostError
+	var lost *slot.SlotLostError
 	if !errors.As(err, &lost) || lost.Slot != e.cfg.Slot {
-		t.Errorf("Run = %v, want a *monitor.SlotLostError for slot %q", err, e.cfg.Slot)
+		t.Errorf("Run = %v, want a *slot.SlotLostError for slot %q", err, e.cfg.Slot)
 	}
 	for _, todo := range []string{"walcount setup --recreate-slot", "on_slot_loss: recreate"} {
 		if !strings.Contains(err.Error(), todo) {
@@ -680,7 +680,7 @@ func loseSlot(t testing.TB, e *env) {
 				t.Fatalf("round %d: %s: %v", round, q, err)
 			}
 		}
-		st, err := monitor.ReadSlot(ctx, e.db, e.cfg.Slot)
+		st, err := slot.ReadSlot(ctx, e.db, e.cfg.Slot)
 		if err != nil {
 			t.Fatal(err)
 		}

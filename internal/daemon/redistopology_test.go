@@ -17,8 +17,8 @@ import (
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // failoverWithin bounds each wait of the failover tests: the servers'

@@ -10,7 +10,7 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -144,7 +144,7 @@ func TestSlotDroppedStops(t *testing.T) {
 		return err == nil
 	})
 	err := d.wait(t, time.Minute)
-	if !errors.Is(err, cdc.ErrSlotMissing) && !errors.Is(err, monitor.ErrSlotNotFound) {
+	if !errors.Is(err, cdc.ErrSlotMissing) && !errors.Is(err, slot.ErrSlotNotFound) {
 		t.Fatalf("Run = %v, want an error saying the slot is missing", err)
 	}
 	if !strings.Contains(err.Error(), "walcount setup") {

@@ -17,12 +17,12 @@ import (
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/failpoint"
-	"github.com/walcount/walcount/monitor"
 	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
-func isSlotLost(err error) bool { return errors.Is(err, monitor.ErrSlotLost) }
+func isSlotLost(err error) bool { return errors.Is(err, slot.ErrSlotLost) }
 
 // session runs one replication session; see the package documentation.
 // It returns nil only after a clean shutdown requested through ctx.
@@ -361,7 +361,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 // counted. Every counter is then marked dirty, to be reconciled (design
 // rule 14).
 func (d *Daemon) checkSlotPosition(ctx context.Context, w cdc.LSN, meta buffer.Meta, history string) error {
-	st, err := monitor.ReadSlot(ctx, d.pool, d.cfg.Slot)
+	st, err := slot.ReadSlot(ctx, d.pool, d.cfg.Slot)
 	if err != nil || !st.Exists || st.ConfirmedFlushLSN <= w {
 		return nil // the session reports an unreadable or missing slot itself
 	}
@@ -441,7 +441,7 @@ func (d *Daemon) stampBuffer(ctx context.Context, sys string) {
 // slot into monitor's SlotLostError; a missing slot keeps the stream's
 // cdc.ErrSlotMissing.
 func (d *Daemon) checkSlotLost(ctx context.Context, cause error) error {
-	st, err := monitor.ReadSlot(ctx, d.pool, d.cfg.Slot)
+	st, err := slot.ReadSlot(ctx, d.pool, d.cfg.Slot)
 	if err != nil {
 		return nil
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // TestStandbyWaitIsShown stops the standby named in

@@ -14,7 +14,7 @@ import (
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/metrics"
-	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -86,9 +86,9 @@ type Status struct {
 	StandbyWait *StandbyWait `json:"standby_wait,omitempty"`
 	// SlotCreationWait is what the creation of the replication slot
 	// (on_slot_loss: recreate) waits for, while it does.
-	SlotCreationWait *SlotCreationWait   `json:"slot_creation_wait,omitempty"`
-	SlotStatus       *monitor.SlotStatus `json:"slot_status,omitempty"`
-	Reconcile        any                 `json:"reconcile,omitempty"`
+	SlotCreationWait *SlotCreationWait `json:"slot_creation_wait,omitempty"`
+	SlotStatus       *slot.SlotStatus  `json:"slot_status,omitempty"`
+	Reconcile        any               `json:"reconcile,omitempty"`
 }
 
 // CounterStatus is one counter in /status. The numbers count from the start
@@ -173,7 +173,7 @@ func (d *Daemon) observe(ctx context.Context) {
 func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
-	keep, err := monitor.ReadMaxSlotWALKeepSize(rctx, d.pool)
+	keep, err := slot.ReadMaxSlotWALKeepSize(rctx, d.pool)
 	if err != nil {
 		return false
 	}

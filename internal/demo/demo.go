@@ -17,7 +17,6 @@ import (
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
 )
 
@@ -50,20 +49,28 @@ const (
 	maxReported = 20
 )
 
-// demoSettings are the throwaway cluster's settings on top of the
-// servers package's defaults (wal_level=logical and enough slots). A
-// bounded max_slot_wal_keep_size is what production should have too; -1
-// makes the daemon warn about an unbounded slot.
-var demoSettings = map[string]string{"max_slot_wal_keep_size": "2GB"}
+// PostgresSettings are the throwaway cluster's settings on top of the
+// test kit's defaults (wal_level=logical and enough slots). A bounded
+// max_slot_wal_keep_size is what production should have too; -1 makes the
+// daemon warn about an unbounded slot.
+var PostgresSettings = map[string]string{"max_slot_wal_keep_size": "2GB"}
+
+// errNoServers is Run's error without both URLs and without Servers.
+var errNoServers = errors.New("walcount demo runs against the servers that --database-url and --redis-url name (both); `make demo` starts throwaway ones and passes them")
 
 // Options configure Run. Zero values take the defaults.
 type Options struct {
 	// DatabaseURL names an existing PostgreSQL (wal_level=logical, a
-	// superuser or a role that may create slots). "" starts a throwaway
-	// cluster from the local binaries.
+	// superuser or a role that may create slots).
 	DatabaseURL string
-	// RedisURL names an existing Redis. "" starts a throwaway redis-server.
+	// RedisURL names an existing Redis.
 	RedisURL string
+	// Servers, when both URLs are empty, starts a throwaway PostgreSQL
+	// (with settings on top of its defaults) and Redis and returns their
+	// URLs and what stops them. The walcount binary leaves it nil: it
+	// carries no code that starts servers. The test kit's
+	// servers.Throwaway is one (make demo's entry point and the tests).
+	Servers func(ctx context.Context, settings map[string]string) (dbURL, redisURL string, stop func(), err error)
 	// Duration of the load; default DefaultDuration.
 	Duration time.Duration
 	// Clients is the number of concurrent app clients; default
@@ -124,23 +131,17 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	bg := context.WithoutCancel(ctx)
 
 	dbURL, redisURL := opt.DatabaseURL, opt.RedisURL
-	if dbURL == "" {
-		fmt.Fprintln(out, "starting a throwaway PostgreSQL (wal_level=logical) from the local binaries…")
-		pg, err := servers.StartPostgres(bg, servers.PostgresOptions{Settings: demoSettings, Logger: opt.Logger})
+	if dbURL == "" || redisURL == "" {
+		if opt.Servers == nil || dbURL != "" || redisURL != "" {
+			return res, errNoServers
+		}
+		fmt.Fprintln(out, "starting a throwaway PostgreSQL (wal_level=logical) and redis-server from the local binaries…")
+		var stop func()
+		dbURL, redisURL, stop, err = opt.Servers(bg, PostgresSettings)
 		if err != nil {
 			return res, err
 		}
-		defer pg.Close()
-		dbURL = pg.URL()
-	}
-	if redisURL == "" {
-		fmt.Fprintln(out, "starting a throwaway redis-server…")
-		rs, err := servers.StartRedis(bg, servers.RedisOptions{Logger: opt.Logger})
-		if err != nil {
-			return res, err
-		}
-		defer rs.Close()
-		redisURL = rs.URL()
+		defer stop()
 	}
 	fmt.Fprintf(out, "postgres %s, redis %s\n", redact.URL(dbURL), redact.URL(redisURL))
 

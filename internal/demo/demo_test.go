@@ -11,7 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/walcount/walcount/buffer"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestRun runs the whole demo on throwaway servers for a few seconds and
@@ -22,6 +23,7 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, Options{
+		Servers:       servers.Throwaway(nil),
 		Duration:      3 * time.Second,
 		Clients:       4,
 		Posts:         100,

@@ -2,7 +2,7 @@
 // machine with nothing configured.
 //
 // Run brings up a throwaway PostgreSQL (wal_level=logical) and Redis from
-// the local server binaries through internal/servers (or uses the servers
+// the local server binaries through internal/testkit/servers (or uses the servers
 // the caller names), creates the demo schema (schema walcount_demo: posts,
 // likes with REPLICA IDENTITY FULL), runs walcount setup and starts the
 // daemon in the same process. Several clients then like and unlike posts:

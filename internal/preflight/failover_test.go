@@ -7,8 +7,8 @@ import (
 
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/preflight"
-	"github.com/walcount/walcount/internal/servers"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestFailoverReadiness runs check on a primary with a streaming standby.

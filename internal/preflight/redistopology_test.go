@@ -8,8 +8,8 @@ import (
 
 	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/servers"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // aclRules returns walcount's documented rules for a URL of scheme, with

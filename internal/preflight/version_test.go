@@ -10,7 +10,7 @@ import (
 
 	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/internal/preflight"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestVersionDependentChecks runs the checks whose SQL depends on the

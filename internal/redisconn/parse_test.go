@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // secret is the password of every URL below; no error and no redacted form

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/walcount/walcount/internal/preflight"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestManagedDatabasesEmulated: what can be emulated of the managed

@@ -17,9 +17,9 @@ import (
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/preflight"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // pgbouncer starts a PgBouncer of the test's own in transaction mode in

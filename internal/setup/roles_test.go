@@ -17,9 +17,9 @@ import (
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/preflight"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // psqlPath finds psql: next to the server binaries the tests run, else in

@@ -19,9 +19,9 @@ import (
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/preflight"
-	"github.com/walcount/walcount/internal/servers"
 	"github.com/walcount/walcount/internal/setup"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/state"
 )
 

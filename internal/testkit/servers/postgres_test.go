@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // startPostgres starts a cluster that the test's cleanup closes.

@@ -1,4 +1,4 @@
-package monitor_test
+package slot_test
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/walcount/walcount/internal/metrics"
-	"github.com/walcount/walcount/internal/testenv"
-	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/internal/testkit/testenv"
+	monitor "github.com/walcount/walcount/slot"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -30,4 +30,4 @@
 //
 // The monitor only reads. It runs on its own connection pool, never on the
 // replication connection, which belongs to the cdc package.
-package monitor
+package slot

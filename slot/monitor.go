@@ -1,4 +1,4 @@
-package monitor
+package slot
 
 import (
 	"context"

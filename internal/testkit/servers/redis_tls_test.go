@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/walcount/walcount/internal/servers"
-	"github.com/walcount/walcount/internal/testenv"
+	"github.com/walcount/walcount/internal/testkit/servers"
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // limitedUser may only touch walcount's keys, with the hash, key-space and

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // tlsURL returns the URL of p's postgres database on host with the given

@@ -1,4 +1,4 @@
-package monitor_test
+package slot_test
 
 import (
 	"errors"
@@ -10,8 +10,8 @@ import (
 
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/pgversion"
-	"github.com/walcount/walcount/internal/testenv"
-	"github.com/walcount/walcount/monitor"
+	"github.com/walcount/walcount/internal/testkit/testenv"
+	monitor "github.com/walcount/walcount/slot"
 )
 
 // TestMonitorNamesIdleTimeout: on PostgreSQL 18 a slot without a reader for

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // envLifetimeHelper makes the test binary act as the doomed parent of

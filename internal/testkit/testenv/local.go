@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // startTimeout bounds the start of a server, crash recovery included.

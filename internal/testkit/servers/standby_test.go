@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // standbyTimeout bounds a standby test: two cold copies and starts, and on a

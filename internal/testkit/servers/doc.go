@@ -1,7 +1,8 @@
 // Package servers starts private, throwaway PostgreSQL and Redis server
-// processes on the loopback interface. walcount's tests use it (through
-// internal/testenv) to run against the real thing, and `walcount demo` uses it
-// to bring up a self-contained environment.
+// processes on the loopback interface. It is part of the test kit
+// (internal/testkit): for walcount's own tests, demo and bench; not a
+// stable API. The tests use it through internal/testkit/testenv, and make
+// demo through internal/testkit/cmd/demo.
 //
 // # PostgreSQL
 //

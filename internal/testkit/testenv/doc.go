@@ -1,5 +1,8 @@
 // Package testenv gives tests real PostgreSQL and Redis servers.
 //
+// It is part of the test kit (internal/testkit): for walcount's own tests,
+// demo and bench; not a stable API.
+//
 // Two kinds of helper exist. Postgres and Redis start a private server
 // process that the test controls (stop, crash, restart): crash tests need
 // them, and they always need the local server binaries. Database and
@@ -14,11 +17,11 @@
 //     wal_level=logical); RedisURL leases one of the database indexes 1..15
 //     and flushes it.
 //  2. The local binaries (initdb, postgres, pg_ctl; redis-server), through
-//     internal/servers.
+//     internal/testkit/servers.
 //  3. Docker, when it answers a ping: containers started with
 //     testcontainers-go (postgres:15 with wal_level=logical, redis:7).
 //
-// Local servers run the PostgreSQL binaries internal/servers selects: the
+// Local servers run the PostgreSQL binaries internal/testkit/servers selects: the
 // locally installed ones, or, with WALCOUNT_TEST_PG=<major> (14 to 18), those
 // of exactly that version, fetched beforehand with `make pg PG=<major>`
 // (`make test-matrix` runs the core packages on every version). With

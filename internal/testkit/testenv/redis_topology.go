@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/walcount/walcount/internal/servers"
+	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
 // redisTopologyLogLines is how much of each node's log a failed test

@@ -1,0 +1,10 @@
+// Package testkit holds walcount's test kit: servers starts throwaway
+// PostgreSQL, PgBouncer and Redis (single, TLS, cluster, Sentinel)
+// processes, testenv shares them between a package's tests, and cmd/demo
+// is make demo's entry point.
+//
+// It is for walcount's own tests, demo and bench; not a stable API. The
+// walcount binary links none of it (cmd/walcount's
+// TestBinaryCarriesNoTestKit): walcount demo takes the URLs of servers
+// that make demo, or its user, started.
+package testkit
