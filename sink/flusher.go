@@ -2,6 +2,8 @@ package sink
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -648,10 +650,11 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 		return cursor, more, false, nil
 	}
 	if len(total.applied) > 0 {
-		if err := cdc.PostMessage(ctx, tx, cdc.FlushMarker(f.opt.Slot, w)); err != nil {
+		piece := newPieceName()
+		if err := cdc.PostMessage(ctx, tx, cdc.PieceMarker(f.opt.Slot, w, piece)); err != nil {
 			return cursor, false, false, fmt.Errorf("flush marker: %w", err)
 		}
-		f.opt.FlushLog.add(w, total.applied, total.missed)
+		f.opt.FlushLog.add(w, piece, total.applied, total.missed)
 	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		f.opt.FlushLog.drop(w)
@@ -966,6 +969,14 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 	}
 	f.committedCarry(out)
 	return true, nil
+}
+
+// newPieceName returns a name for a piece's marker that no other process
+// draws.
+func newPieceName() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
 }
 
 // ms renders a duration as a PostgreSQL setting in milliseconds.

@@ -24,6 +24,7 @@ type FlushLog struct {
 }
 
 type flushRecord struct {
+	piece  string // a piece's name (cdc.PieceMarker); "" for a flush that moves W
 	deltas map[string]int64
 	missed map[string]bool // fields whose UPDATE hit no row
 	seenAt cdc.LSN         // where the stream saw the flush's marker; 0 until then
@@ -34,12 +35,12 @@ func NewFlushLog() *FlushLog { return &FlushLog{recs: map[cdc.LSN][]*flushRecord
 
 // add records the deltas of the flush of (…, upto] before its commit, and
 // the fields whose UPDATE hit no row.
-func (l *FlushLog) add(upto cdc.LSN, deltas map[string]int64, missed map[string]bool) {
+func (l *FlushLog) add(upto cdc.LSN, piece string, deltas map[string]int64, missed map[string]bool) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	l.recs[upto] = append(l.recs[upto], &flushRecord{deltas: deltas, missed: missed})
+	l.recs[upto] = append(l.recs[upto], &flushRecord{piece: piece, deltas: deltas, missed: missed})
 	l.mu.Unlock()
 }
 
@@ -54,7 +55,7 @@ func (l *FlushLog) replace(upto cdc.LSN, deltas map[string]int64, missed map[str
 	l.mu.Lock()
 	kept := l.recs[upto][:0]
 	for _, r := range l.recs[upto] {
-		if r.seenAt != 0 {
+		if r.seenAt != 0 || r.piece != "" {
 			kept = append(kept, r)
 		}
 	}
@@ -80,7 +81,11 @@ func (l *FlushLog) drop(upto cdc.LSN) {
 // Seen returns the deltas of the flush of (…, upto], whose marker the
 // stream met at at, and the fields whose UPDATE hit no row; ok is false
 // when they are not known (walcount restarted in between).
-func (l *FlushLog) Seen(upto, at cdc.LSN) (deltas map[string]int64, missed map[string]bool, ok bool) {
+//
+// A piece's marker names the piece: only its own record matches it, so the
+// markers of another process's pieces (a walcount killed between two)
+// are unknown, as they must be.
+func (l *FlushLog) Seen(upto, at cdc.LSN, piece string) (deltas map[string]int64, missed map[string]bool, ok bool) {
 	if l == nil {
 		return nil, nil, false
 	}
@@ -90,14 +95,14 @@ func (l *FlushLog) Seen(upto, at cdc.LSN) (deltas map[string]int64, missed map[s
 	// by where it lies; a new one takes the first record not met yet.
 	var r *flushRecord
 	for _, c := range l.recs[upto] {
-		if c.seenAt == at {
+		if c.piece == piece && c.seenAt == at {
 			r = c
 			break
 		}
 	}
 	if r == nil {
 		for _, c := range l.recs[upto] {
-			if c.seenAt == 0 {
+			if c.piece == piece && c.seenAt == 0 {
 				r = c
 				break
 			}
