@@ -91,7 +91,7 @@ pg:
 # MATRIX_PKGS and MATRIX_ARGS (extra go test flags), e.g.
 # make test-matrix MATRIX_VERSIONS="14 17" MATRIX_ARGS="-run TestFailover".
 MATRIX_VERSIONS ?= 14 15 16 17 18
-MATRIX_PKGS ?= ./internal/daemon ./cmd/walcount ./internal/setup ./internal/preflight ./monitor ./reconcile ./sink ./cdc ./internal/testkit/servers
+MATRIX_PKGS ?= ./internal/daemon ./cmd/walcount ./internal/setup ./internal/preflight ./slot ./reconcile ./sink ./cdc ./internal/testkit/servers
 MATRIX_ARGS ?=
 test-matrix: deps
 	MATRIX_VERSIONS="$(MATRIX_VERSIONS)" MATRIX_PKGS="$(MATRIX_PKGS)" MATRIX_ARGS="$(MATRIX_ARGS)" GO="$(GO)" \

@@ -88,8 +88,12 @@ type Options struct {
 	// Relations binds the counters' tables to their OIDs; nil matches
 	// them by name.
 	Relations Relations
-	Buffer    Buffer
-	Barrier   Barrierer
+	// Derived maps a counter whose summed column is generated to the
+	// column's derivation from the columns the stream carries (pgoutput
+	// leaves generated columns out).
+	Derived map[string]*counter.Derivation
+	Buffer  Buffer
+	Barrier Barrierer
 	// Start is the end LSN of the last transaction Redis or PostgreSQL
 	// already holds (meta.lsn): the chain continues from it and every
 	// transaction ending at or before it is skipped.
@@ -149,6 +153,9 @@ type Aggregator struct {
 	// with a counter value already in them (a restore, a copy).
 	truncated map[string]bool
 	seeded    map[string]bool
+	// stray maps the append_only counters whose source this transaction
+	// updated or deleted from to the source's name.
+	stray map[string]string
 
 	// Pending batch: committed transactions not yet in Redis.
 	pending      deltaSet
@@ -184,6 +191,7 @@ func New(opt Options) *Aggregator {
 		resets:    make(map[string]bool),
 		truncated: make(map[string]bool),
 		seeded:    make(map[string]bool),
+		stray:     make(map[string]string),
 		pending:   newDeltaSet(),
 	}
 }
@@ -265,6 +273,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		clear(a.resets)
 		clear(a.truncated)
 		clear(a.seeded)
+		clear(a.stray)
 		a.lc.resetTxn()
 	case cdc.KindChange:
 		if a.skip {
@@ -396,7 +405,7 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 	rules, ok := a.rules[ev.Rel]
 	if !ok {
 		var err error
-		if rules, err = bindRules(ev.Rel, a.opt.Counters, a.opt.Relations); err != nil {
+		if rules, err = bindRules(ev.Rel, a.opt.Counters, a.opt.Relations, a.opt.Derived); err != nil {
 			return fmt.Errorf("bind counters to %s: %w", ev.Rel.QualifiedName(), err)
 		}
 		for i := range rules {
@@ -414,6 +423,12 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 		r := &rules[i]
 		r.changed[ev.Op].Inc()
 		r.tallied[ev.Op].Add(1)
+		if r.appendOnly && ev.Op != cdc.OpInsert {
+			// Declared append-only: the old row may not carry what the
+			// counter reads. Not counted; the counter is dirty.
+			a.stray[r.counter] = ev.Rel.QualifiedName()
+			continue
+		}
 		if r.degraded && ev.Op != cdc.OpInsert {
 			// The old row lacks a column the rule reads: not
 			// attributable. The counter is dirty until reconciled.
@@ -540,6 +555,17 @@ const maxSeededKeys = 10_000
 // counter value (restored or copied rows already count what walcount will
 // add). Reconciliation then makes them exact (design rule 14).
 func (a *Aggregator) markUnvouched() error {
+	if len(a.stray) > 0 {
+		names := slices.Sorted(maps.Keys(a.stray))
+		a.log.Warn("an append_only source took an UPDATE or DELETE: it is not counted, the counter is marked dirty and reconciliation makes it exact; if the table does take updates, remove append_only and give it a replica identity that carries the counter's columns",
+			zap.Strings("counters", names), zap.String("source", a.stray[names[0]]))
+		if a.opt.DirtyCounters != nil {
+			if err := a.opt.DirtyCounters(names, "its source is declared append_only but took an UPDATE or DELETE, which walcount does not count"); err != nil {
+				return err
+			}
+		}
+		clear(a.stray)
+	}
 	if len(a.truncated) == 0 && len(a.seeded) == 0 {
 		return nil
 	}

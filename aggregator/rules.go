@@ -1,31 +1,43 @@
 package aggregator
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // ErrNotAttributable is wrapped when a change lacks a column a counter
 // needs: the replica identity does not carry it, or it arrived as an
 // unchanged TOASTed value with no old value to stand in for it.
-var ErrNotAttributable = errors.New("change cannot be attributed to a counter key")
+var ErrNotAttributable = operator.NewError("change cannot be attributed to a counter key")
 
 // rule is a counter bound to one version of its source relation.
 type rule struct {
 	counter string
-	key     int // column index of the key
-	sum     int // column index of the summed column, or -1
+	key     int // column index of the key, -1 for a total with no key
+	// constKey is the one key of a total with no key (TargetRow).
+	constKey []byte
+	// appendOnly: the source is declared to take only inserts; its
+	// updates and deletes are not counted but mark the counter dirty.
+	appendOnly bool
+	sum        int // column index of the summed column, or -1
 	// scale is the declared scale of the summed column: its values are
 	// counted in units of 10^-scale (0 for integer columns).
 	scale int
-	where []filter
+	// boolSum is set for a summed boolean: true counts +1, false -1.
+	boolSum bool
+	// derive computes a generated summed column from the columns inputs
+	// names (their indexes); sum is then -1.
+	derive *counter.Derivation
+	inputs map[string]int
+	where  []filter
 	// cols lists every column the rule reads, for identity checks.
 	cols []int
 	// degraded is set when the replica identity lacks a column the rule
@@ -41,8 +53,8 @@ type rule struct {
 }
 
 type filter struct {
-	col   int
-	value *string // nil: IS NULL
+	col  int
+	cond counter.Cond // values in pgoutput's text form
 }
 
 // contribution is what one row adds to a counter.
@@ -58,18 +70,38 @@ type contribution struct {
 // the summed column has no exact scale. A rule whose columns the replica
 // identity does not carry is bound degraded: old rows could not be
 // attributed (design rules 11 and 14).
-func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations) ([]rule, error) {
+func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations, derived map[string]*counter.Derivation) ([]rule, error) {
 	var out []rule
 	for _, c := range counters {
 		if !rels.Is(c.Source, rel) {
 			continue
 		}
-		r := rule{counter: c.Name, key: rel.ColumnIndex(c.Key), sum: -1}
-		if r.key < 0 {
-			return nil, fmt.Errorf("counter %s: %w: key column %q is not in %s", c.Name, ErrNotAttributable, c.Key, rel.QualifiedName())
+		r := rule{counter: c.Name, key: -1, sum: -1}
+		if c.Keyless() {
+			// A total with no key: every row counts into the one key,
+			// which walcount check makes sure is written in the text
+			// form pgoutput sends the target key in.
+			r.constKey = []byte(c.TargetRow)
+		} else {
+			if r.key = rel.ColumnIndex(c.Key); r.key < 0 {
+				return nil, fmt.Errorf("counter %s: %w: key column %q is not in %s", c.Name, ErrNotAttributable, c.Key, rel.QualifiedName())
+			}
+			r.cols = append(r.cols, r.key)
 		}
-		r.cols = append(r.cols, r.key)
-		if c.Sum != "" {
+		if d := derived[c.Name]; c.Sum != "" && d != nil && rel.ColumnIndex(c.Sum) < 0 {
+			// A generated column the stream does not carry: computed
+			// from its inputs, which are integers or booleans.
+			r.derive = d
+			r.inputs = map[string]int{}
+			for _, in := range d.Inputs() {
+				i := rel.ColumnIndex(in)
+				if i < 0 {
+					return nil, fmt.Errorf("counter %s: %w: column %q, from which the summed column %q is derived, is not in %s", c.Name, ErrNotAttributable, in, c.Sum, rel.QualifiedName())
+				}
+				r.inputs[in] = i
+				r.cols = append(r.cols, i)
+			}
+		} else if c.Sum != "" {
 			if r.sum = rel.ColumnIndex(c.Sum); r.sum < 0 {
 				return nil, fmt.Errorf("counter %s: %w: sum column %q is not in %s", c.Name, ErrNotAttributable, c.Sum, rel.QualifiedName())
 			}
@@ -80,16 +112,21 @@ func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations) ([
 					c.Name, c.Sum, rel.QualifiedName(), err, rel.QualifiedName(), pgx.Identifier{c.Sum}.Sanitize())
 			}
 			r.scale = scale
+			r.boolSum = rel.Columns[r.sum].TypeOID == pgtype.BoolOID
 		}
-		for col, v := range c.Where {
-			i := rel.ColumnIndex(col)
+		for _, cd := range c.Conds() {
+			i := rel.ColumnIndex(cd.Column)
 			if i < 0 {
-				return nil, fmt.Errorf("counter %s: %w: where column %q is not in %s", c.Name, ErrNotAttributable, col, rel.QualifiedName())
+				return nil, fmt.Errorf("counter %s: %w: where column %q is not in %s", c.Name, ErrNotAttributable, cd.Column, rel.QualifiedName())
 			}
-			r.where = append(r.where, filter{col: i, value: counter.CanonicalValue(rel.Columns[i].TypeOID, v)})
+			for j, v := range cd.Values {
+				cd.Values[j] = *counter.CanonicalValue(rel.Columns[i].TypeOID, &v)
+			}
+			r.where = append(r.where, filter{col: i, cond: cd})
 			r.cols = append(r.cols, i)
 		}
-		if rel.ReplicaIdentity != 'f' {
+		r.appendOnly = c.AppendOnly
+		if rel.ReplicaIdentity != 'f' && !r.appendOnly {
 			for _, i := range r.cols {
 				if !rel.Columns[i].Key {
 					r.degraded = true
@@ -147,31 +184,55 @@ func (r *rule) contribute(t, alt cdc.Tuple) (contribution, error) {
 		if err != nil {
 			return contribution{}, err
 		}
-		if f.value == nil {
-			if v.Kind != cdc.ValueNull {
-				return contribution{}, nil
-			}
-		} else if v.Kind != cdc.ValueText || string(v.Data) != *f.value {
+		if !f.cond.Matches(v.Kind == cdc.ValueNull, string(v.Data)) {
 			return contribution{}, nil
 		}
 	}
-	k, err := value(t, alt, r.key)
-	if err != nil {
-		return contribution{}, err
+	c := contribution{ok: true, key: r.constKey, amount: 1}
+	if r.key >= 0 {
+		k, err := value(t, alt, r.key)
+		if err != nil {
+			return contribution{}, err
+		}
+		if k.Kind == cdc.ValueNull {
+			return contribution{}, nil // a row with no target counts nowhere
+		}
+		c.key = k.Data
 	}
-	if k.Kind == cdc.ValueNull {
-		return contribution{}, nil // a row with no target counts nowhere
+	if r.derive != nil {
+		v, null, err := r.derive.Eval(func(col string) ([]byte, bool, error) {
+			v, err := value(t, alt, r.inputs[col])
+			return v.Data, v.Kind == cdc.ValueNull, err
+		})
+		if err != nil {
+			return contribution{}, err
+		}
+		if null {
+			v = 0
+		}
+		c.amount = v
 	}
-	c := contribution{ok: true, key: k.Data, amount: 1}
 	if r.sum >= 0 {
 		s, err := value(t, alt, r.sum)
 		if err != nil {
 			return contribution{}, err
 		}
-		if s.Kind == cdc.ValueNull {
+		switch {
+		case s.Kind == cdc.ValueNull:
 			c.amount = 0
-		} else if c.amount, err = counter.ParseScaled(s.Data, r.scale); err != nil {
-			return contribution{}, err
+		case r.boolSum:
+			switch string(s.Data) {
+			case "t":
+				c.amount = 1
+			case "f":
+				c.amount = -1
+			default:
+				return contribution{}, fmt.Errorf("%w: %q is not a boolean", counter.ErrBadValue, s.Data)
+			}
+		default:
+			if c.amount, err = counter.ParseScaled(s.Data, r.scale); err != nil {
+				return contribution{}, err
+			}
 		}
 	}
 	return c, nil

@@ -2,13 +2,14 @@ package buffer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // A deployment is one PostgreSQL cluster (a primary and the standbys copied
@@ -29,7 +30,7 @@ const (
 )
 
 // ErrOtherDeployment is wrapped by *OtherDeploymentError.
-var ErrOtherDeployment = errors.New("the redis buffer belongs to another deployment")
+var ErrOtherDeployment = operator.NewError("the redis buffer belongs to another deployment")
 
 // OtherDeploymentError says that the slot's keys in Redis are kept by the
 // walcount of another PostgreSQL cluster, which stamped them Age ago.

@@ -6,13 +6,15 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // ErrPooler means the replication connection reached a connection pooler,
 // not PostgreSQL: PgBouncer answers a replication=database connection with
 // "unsupported startup parameter: replication". A replication connection
 // cannot be pooled; it must reach the server directly.
-var ErrPooler = errors.New("the replication connection reached a connection pooler (such as PgBouncer), which cannot carry a replication connection")
+var ErrPooler = operator.NewError("the replication connection reached a connection pooler (such as PgBouncer), which cannot carry a replication connection")
 
 // PoolerFix names the fix of ErrPooler.
 const PoolerFix = "point replication_url (--replication-url, WALCOUNT_REPLICATION_URL) at PostgreSQL itself, not at the pooler; database_url may stay on the pooler"

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/slot"
 )
 
 // Defaults of StreamConfig.
@@ -62,10 +64,12 @@ func SilenceBound(walSenderTimeout time.Duration) time.Duration {
 }
 
 var (
-	// ErrSlotInUse is wrapped when another process streams from the slot.
-	ErrSlotInUse = errors.New("replication slot is in use by another process")
-	// ErrSlotMissing is wrapped when the slot does not exist.
-	ErrSlotMissing = errors.New("replication slot does not exist")
+	// ErrSlotInUse is wrapped when another process streams from the
+	// slot: slot.ErrInUse, under the name the stream's callers know.
+	ErrSlotInUse = slot.ErrInUse
+	// ErrSlotMissing is wrapped when the slot does not exist:
+	// slot.ErrMissing.
+	ErrSlotMissing = slot.ErrMissing
 	// ErrStreamSilent is wrapped when nothing, not even a keepalive,
 	// arrived for longer than StreamConfig.SilenceTimeout: the server, or
 	// the network path to it, is gone while the socket stays open.

@@ -7,11 +7,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // ErrBadTarget is wrapped when a counter's tables or columns do not exist,
 // or cannot hold what the counter writes into them.
-var ErrBadTarget = errors.New("counter target does not exist or cannot be used")
+var ErrBadTarget = operator.NewError("counter target does not exist or cannot be used")
 
 // Querier runs queries; *pgx.Conn, *pgxpool.Pool and pgx.Tx fit.
 type Querier interface {
@@ -64,6 +66,9 @@ type Column struct {
 	BaseTypMod int32
 	NotNull    bool
 	Generated  bool
+	// GenExpr is a generated column's expression, as pg_get_expr prints
+	// it.
+	GenExpr string
 }
 
 // IntegerBase reports whether the column's base type is smallint, integer
@@ -100,15 +105,17 @@ SELECT a.attname,
        a.atttypid, a.atttypmod, ty.typtype = 'd',
        CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END,
        CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END,
-       a.attnotnull, a.attgenerated <> ''
+       a.attnotnull, a.attgenerated <> '',
+       coalesce(CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, '')
 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.OID)
 	if err != nil {
 		return nil, fmt.Errorf("read columns of %s: %w", t.Ident(), err)
 	}
 	var col string
 	var c Column
-	_, err = pgx.ForEachRow(rows, []any{&col, &c.Base, &c.Full, &c.TypeOID, &c.TypMod, &c.Domain, &c.BaseOID, &c.BaseTypMod, &c.NotNull, &c.Generated}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&col, &c.Base, &c.Full, &c.TypeOID, &c.TypMod, &c.Domain, &c.BaseOID, &c.BaseTypMod, &c.NotNull, &c.Generated, &c.GenExpr}, func() error {
 		t.Columns[col] = c
 		return nil
 	})
@@ -199,12 +206,20 @@ func bind(c Counter, src, tgt *Table) (*Resolved, error) {
 			tgt.Ident(), c.TargetKey, tgt.Ident(), c.Column)
 	}
 	key, ok := src.Columns[c.Key]
+	if c.Keyless() {
+		key, ok = tkey, true // the constant key is of the target key's type
+	}
 	if !ok {
 		return nil, fmt.Errorf("counter %s: %w: key column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{c.Key}.Sanitize())
 	}
 	scale, err := sumScale(c, src)
 	if err != nil {
 		return nil, err
+	}
+	if s, ok := src.Columns[c.Sum]; ok && s.Generated {
+		if _, err := Derive(src, c.Sum); err != nil {
+			return nil, fmt.Errorf("counter %s: sum column %s.%s: %w", c.Name, src.Ident(), pgx.Identifier{c.Sum}.Sanitize(), err)
+		}
 	}
 	if scale > 0 {
 		// The column must keep every fractional digit, or each flush
@@ -248,8 +263,13 @@ func sumScale(c Counter, src *Table) (int, error) {
 	case s.BaseOID == pgtype.NumericOID && s.Domain:
 		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s, a domain over numeric: %w; %s",
 			c.Name, src.Ident(), sumName, s.Full, ErrUnsupportedSum, fix)
+	case s.BaseOID == pgtype.BoolOID && s.Domain:
+		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s, a domain over boolean: %w; use the column's own boolean type",
+			c.Name, src.Ident(), sumName, s.Full, ErrUnsupportedSum)
+	case s.BaseOID == pgtype.BoolOID:
+		return 0, nil // true counts +1, false -1
 	case s.BaseOID != pgtype.NumericOID && !s.IntegerBase():
-		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s: %w; it must be smallint, integer, bigint or numeric(p,s)",
+		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s: %w; it must be smallint, integer, bigint, numeric(p,s) or boolean",
 			c.Name, src.Ident(), sumName, s.Full, ErrUnsupportedSum)
 	}
 	scale, err := SumScale(s.TypeOID, s.TypMod)

@@ -26,7 +26,25 @@ type Counter struct {
 	// Where restricts the counted rows: every listed source column must
 	// equal the given value. A nil value means IS NULL.
 	Where map[string]*string `yaml:"where"`
+	// Filters restricts the counted rows further with conditions beyond
+	// equality: IS NOT NULL, <>, IN and NOT IN (see Filter). A column is
+	// in Where or in Filters, not both. It is omitted from the recorded
+	// definition when empty, so that counters without it keep theirs.
+	Filters map[string]Filter `yaml:"-" json:",omitempty"`
+	// TargetRow, when set, makes a total with no key: Key is empty and
+	// every counted source row counts into the one target row whose
+	// TargetKey is TargetRow (a site-wide row), written as PostgreSQL
+	// prints the value.
+	TargetRow string `yaml:"target_row" json:",omitempty"`
+	// AppendOnly declares that the source takes only INSERTs (an event
+	// log): its replica identity need not carry the columns the counter
+	// reads, and an UPDATE or DELETE that reaches the stream anyway marks
+	// the counter dirty instead of being counted.
+	AppendOnly bool `yaml:"append_only" json:",omitempty"`
 }
+
+// Keyless reports whether c is a total with no key (TargetRow).
+func (c Counter) Keyless() bool { return c.TargetRow != "" }
 
 // Default is the counter that applies when no configuration names any:
 // the number of likes rows of each post, in posts.likes_count.
@@ -52,7 +70,10 @@ func (c Counter) TargetTable() (schema, table string) { return SplitTable(c.Targ
 // They must all be in the source's replica identity for old rows to be
 // attributable.
 func (c Counter) ReadColumns() []string {
-	cols := []string{c.Key}
+	var cols []string
+	if c.Key != "" {
+		cols = append(cols, c.Key)
+	}
 	add := func(s string) {
 		for _, have := range cols {
 			if have == s {
@@ -64,7 +85,7 @@ func (c Counter) ReadColumns() []string {
 	if c.Sum != "" {
 		add(c.Sum)
 	}
-	for _, w := range sortedKeys(c.Where) {
+	for _, w := range c.FilterColumns() {
 		add(w)
 	}
 	return cols

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // buildSQL writes r's statements. Identifiers are quoted with
@@ -38,7 +39,12 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 
 	value := "count(*)"
 	if c.Sum != "" {
-		value = fmt.Sprintf("coalesce(sum(s.%s), 0)", pgx.Identifier{c.Sum}.Sanitize())
+		sumID := pgx.Identifier{c.Sum}.Sanitize()
+		value = fmt.Sprintf("coalesce(sum(s.%s), 0)", sumID)
+		if src.Columns[c.Sum].BaseOID == pgtype.BoolOID {
+			// A boolean counts +1 when true and -1 when false (a vote).
+			value = fmt.Sprintf("coalesce(sum(CASE WHEN s.%[1]s THEN 1 WHEN NOT s.%[1]s THEN -1 END), 0)", sumID)
+		}
 	}
 	scaled := func(expr string) string {
 		if r.Scale == 0 {
@@ -49,39 +55,59 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 	// filterAfter writes the where filters on source rows s, their
 	// values bound after the statement's first n parameters.
 	r.FilterArgs = nil
-	type cond struct{ id, typ string }
+	type cond struct{ sql, typ string }
 	var conds []cond
-	for _, name := range sortedKeys(c.Where) {
-		v := c.Where[name]
-		id := "s." + pgx.Identifier{name}.Sanitize()
-		if v == nil {
-			conds = append(conds, cond{id: id})
-			continue
-		}
-		wcol, ok := src.Columns[name]
+	for _, cd := range c.Conds() {
+		id := "s." + pgx.Identifier{cd.Column}.Sanitize()
+		wcol, ok := src.Columns[cd.Column]
 		if !ok {
-			return fmt.Errorf("counter %s: %w: where column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{name}.Sanitize())
+			return fmt.Errorf("counter %s: %w: where column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{cd.Column}.Sanitize())
 		}
-		r.FilterArgs = append(r.FilterArgs, *v)
-		conds = append(conds, cond{id: id, typ: wcol.Full})
+		switch cd.Op {
+		case OpIsNull, OpNotNull:
+			conds = append(conds, cond{sql: id + " " + cd.Op})
+		case OpEq, OpNe:
+			r.FilterArgs = append(r.FilterArgs, cd.Values[0])
+			conds = append(conds, cond{sql: id + " " + cd.Op + " CAST($%d::text AS %s)", typ: wcol.Full})
+		case OpIn:
+			r.FilterArgs = append(r.FilterArgs, cd.Values)
+			conds = append(conds, cond{sql: id + " = ANY (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
+		case OpNotIn:
+			r.FilterArgs = append(r.FilterArgs, cd.Values)
+			conds = append(conds, cond{sql: id + " <> ALL (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
+		default:
+			return fmt.Errorf("counter %s: where column %s: unknown operator %q", c.Name, cd.Column, cd.Op)
+		}
 	}
 	filterAfter := func(n int) string {
 		var b strings.Builder
 		for _, w := range conds {
 			if w.typ == "" {
-				b.WriteString(" AND " + w.id + " IS NULL")
+				b.WriteString(" AND " + w.sql)
 				continue
 			}
 			n++
-			fmt.Fprintf(&b, " AND %s = CAST($%d::text AS %s)", w.id, n, w.typ)
+			b.WriteString(" AND " + fmt.Sprintf(w.sql, n, w.typ))
 		}
 		return b.String()
 	}
 	filter := filterAfter(1)
-	r.Scan = fmt.Sprintf(`SELECT t.%s::text FROM %s t WHERE $1::text IS NULL OR t.%s > CAST($1::text AS %s) ORDER BY t.%s LIMIT $2`,
-		tkeyID, tgt.Ident(), tkeyID, tkey.Full, tkeyID)
-	r.Truth = fmt.Sprintf(`SELECT s.%s::text, %s FROM %s s WHERE s.%s = ANY (CAST($1::text[] AS %s[]))%s GROUP BY s.%s`,
-		keyID, scaled(value), src.Ident(), keyID, key.Full, filter, keyID)
+	// onlyRow restricts target rows t to the one a total with no key is
+	// kept in; nothing for a keyed counter.
+	onlyRow := ""
+	if c.Keyless() {
+		onlyRow = fmt.Sprintf(" AND t.%s = CAST(%s AS %s)", tkeyID, quoteLiteral(c.TargetRow), tkey.Full)
+	}
+	r.Scan = fmt.Sprintf(`SELECT t.%s::text FROM %s t WHERE ($1::text IS NULL OR t.%s > CAST($1::text AS %s))%s ORDER BY t.%s LIMIT $2`,
+		tkeyID, tgt.Ident(), tkeyID, tkey.Full, onlyRow, tkeyID)
+	if c.Keyless() {
+		// Every filtered source row counts into the one key.
+		r.Truth = fmt.Sprintf(`SELECT r.k, r.v FROM (SELECT %s::text AS k, %s AS v FROM %s s WHERE true%s) r WHERE r.k = ANY ($1::text[])`,
+			quoteLiteral(c.TargetRow), scaled(value), src.Ident(), filter)
+	} else {
+		r.Truth = fmt.Sprintf(`SELECT s.%s::text, %s FROM %s s WHERE s.%s = ANY (CAST($1::text[] AS %s[]))%s GROUP BY s.%s`,
+			keyID, scaled(value), src.Ident(), keyID, key.Full, filter, keyID)
+	}
 	// The cached value counts the deltas the flushes carried (design
 	// rule 2): the column and walcount.carried together hold every
 	// transaction up to W.
@@ -92,16 +118,20 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 	cached := scaled("coalesce(t."+col+", 0)") + " + coalesce(wc.delta, 0)"
 	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t%s WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
 		tkeyID, cached, tgt.Ident(), carried(2), tkeyID, tkey.Full)
-	r.Total = fmt.Sprintf(`SELECT count(*) FROM %s`, tgt.Ident())
+	r.Total = fmt.Sprintf(`SELECT count(*) FROM %s t WHERE true%s`, tgt.Ident(), onlyRow)
 	// The TRUNCATE reset (design rule 10) never waits for a row lock
 	// either: it zeroes the rows it can lock at once and returns, for each
 	// row another transaction holds, its key and its column in delta units
 	// (as the statement's snapshot saw it: only walcount writes the column),
 	// whose opposite the flush carries.
-	r.Reset = fmt.Sprintf(`WITH l AS (SELECT t.%[1]s AS k FROM %[2]s AS t WHERE t.%[3]s IS DISTINCT FROM 0 FOR NO KEY UPDATE OF t SKIP LOCKED),
+	r.Reset = fmt.Sprintf(`WITH l AS (SELECT t.%[1]s AS k FROM %[2]s AS t WHERE t.%[3]s IS DISTINCT FROM 0%[5]s FOR NO KEY UPDATE OF t SKIP LOCKED),
 u AS (UPDATE %[2]s AS t SET %[3]s = 0 WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
-SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0 AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
-		tkeyID, tgt.Ident(), col, scaled("t."+col))
+SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0%[5]s AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
+		tkeyID, tgt.Ident(), col, scaled("t."+col), onlyRow)
+	if c.Keyless() {
+		r.buildKeylessSurvey(tgt, tkey, scaled(value), cached, carried(3+len(r.FilterArgs)), filterAfter(2), src, onlyRow)
+		return nil
+	}
 	r.buildSurvey(src, tgt, key, tkey, scaled(value), cached, carried(3+len(r.FilterArgs)), filterAfter(2))
 	return nil
 }
@@ -160,6 +190,27 @@ SELECT t.k::text, t.v, coalesce(s.v, 0) FROM t LEFT JOIN (
 WHERE t.v <> coalesce(s.v, 0)`,
 		tkeyID, column, tgt.Ident(), keyID, value, src.Ident(), lo, hi, filter, key.Full, carried)
 }
+
+// buildKeylessSurvey writes the survey of a total with no key: counted
+// ranges of the target key (SurveyIntKeys false) restricted to the one
+// row, and a Compare that sets that row's column against the aggregate of
+// every filtered source row, with the parameters of buildSurvey's.
+func (r *Resolved) buildKeylessSurvey(tgt *Table, tkey Column, value, column, carried, filter string, src *Table, onlyRow string) {
+	tkeyID := pgx.Identifier{r.Counter.TargetKey}.Sanitize()
+	r.SurveyIntKeys = false
+	r.SurveyBounds = fmt.Sprintf(`SELECT min(r.k)::text, max(r.k)::text, count(*) FROM (
+  SELECT t.%[1]s AS k FROM %[2]s t
+  WHERE t.%[1]s IS NOT NULL AND ($1::text IS NULL OR t.%[1]s > CAST($1::text AS %[3]s))%[4]s
+  ORDER BY t.%[1]s LIMIT $2) r`, tkeyID, tgt.Ident(), tkey.Full, onlyRow)
+	lo, hi := fmt.Sprintf("CAST($1::text AS %s)", tkey.Full), fmt.Sprintf("CAST($2::text AS %s)", tkey.Full)
+	r.SurveyCompare = fmt.Sprintf(`WITH t AS MATERIALIZED (
+  SELECT t.%[1]s AS k, %[2]s AS v FROM %[3]s t%[4]s WHERE t.%[1]s >= %[5]s AND t.%[1]s <= %[6]s%[7]s)
+SELECT t.k::text, t.v, s.v FROM t CROSS JOIN (SELECT %[8]s AS v FROM %[9]s s WHERE true%[10]s) s
+WHERE t.v <> s.v`, tkeyID, column, tgt.Ident(), carried, lo, hi, onlyRow, value, src.Ident(), filter)
+}
+
+// quoteLiteral writes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // deltaExpr is the SQL value a buffered delta adds to the column. A delta
 // of a numeric(p,s) sum counts units of 10^-s, so it is divided by 10^s.

@@ -3,6 +3,7 @@ package counter
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -75,12 +76,42 @@ func Validate(cs []Counter) []Problem {
 				add(sub, "contains a NUL byte")
 			}
 		}
-		column("key", c.Key, true)
+		switch {
+		case c.Keyless() && c.Key != "":
+			add("key", "a counter with target_row has no key: every counted row counts into that one row")
+		case c.Keyless() && strings.ContainsRune(c.TargetRow, 0):
+			add("target_row", "contains a NUL byte")
+		default:
+			column("key", c.Key, !c.Keyless())
+		}
 		column("target_key", c.TargetKey, true)
 		column("column", c.Column, true)
 		column("sum", c.Sum, false)
 		for k := range c.Where {
 			column("where."+k, k, true)
+		}
+		for _, k := range sortedKeys(c.Filters) {
+			column("where."+k, k, true)
+			f := c.Filters[k]
+			if _, dup := c.Where[k]; dup {
+				add("where."+k, "column %q is listed twice", k)
+			}
+			switch f.Op {
+			case OpNotNull:
+				if len(f.Values) != 0 {
+					add("where."+k, "IS NOT NULL takes no value")
+				}
+			case OpNe:
+				if len(f.Values) != 1 {
+					add("where."+k, "<> takes one value")
+				}
+			case OpIn, OpNotIn:
+				if len(f.Values) == 0 {
+					add("where."+k, "the list is empty: %s () matches no row", f.Op)
+				}
+			default:
+				add("where."+k, "unknown operator %q", f.Op)
+			}
 		}
 
 		if tgtOK && c.Column != "" {
@@ -105,8 +136,8 @@ func Validate(cs []Counter) []Problem {
 			if c.Target != d.Source || c.Column == "" {
 				continue
 			}
-			_, inWhere := d.Where[c.Column]
-			if c.Column == d.Key || c.Column == d.Sum || inWhere {
+			inWhere := slices.Contains(d.FilterColumns(), c.Column)
+			if (d.Key != "" && c.Column == d.Key) || c.Column == d.Sum || inWhere {
 				ps = append(ps, Problem{
 					Field: FieldPath(i, c.Name) + ".column",
 					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key, sum or where column of a counted table", c.Target, c.Column, j, d.Name),

@@ -1,18 +1,19 @@
 package counter
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 var (
 	// ErrBadValue is wrapped when a summed column does not parse, or has
 	// more fractional digits than its declared scale.
-	ErrBadValue = errors.New("bad column value")
+	ErrBadValue = operator.NewError("bad column value")
 	// ErrUnsupportedSum is wrapped when a summed column's type cannot be
 	// summed exactly in int64: numeric without a declared scale, or with a
 	// scale above MaxSumScale. It wraps ErrBadValue, so a daemon that stops

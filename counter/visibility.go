@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // ErrPartialView is wrapped when row-level security lets walcount's role
@@ -14,7 +16,7 @@ import (
 // then measures the rows it sees, not the counter, and reconciliation
 // would "correct" exact counters to that (docs/design.md, "Row-level
 // security").
-var ErrPartialView = errors.New("row-level security hides rows from walcount's role")
+var ErrPartialView = operator.NewError("row-level security hides rows from walcount's role")
 
 // Commands walcount runs on a counter's tables, as pg_policy.polcmd spells
 // them: it reads the source (reconciliation), and reads and updates the

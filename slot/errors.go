@@ -3,6 +3,7 @@ package slot
 import (
 	"errors"
 	"fmt"
+	"github.com/walcount/walcount/internal/operator"
 )
 
 var (
@@ -18,6 +19,12 @@ var (
 	// ErrNotRead means the slot's status has not been read yet, or the last
 	// successful read is too old to trust.
 	ErrNotRead = errors.New("replication slot status unknown")
+	// ErrInUse is wrapped when another process streams from the slot
+	// (START_REPLICATION refused; cdc.ErrSlotInUse).
+	ErrInUse = errors.New("replication slot is in use by another process")
+	// ErrMissing is wrapped when START_REPLICATION finds no slot
+	// (cdc.ErrSlotMissing).
+	ErrMissing = operator.NewError("replication slot does not exist")
 )
 
 // walRemoved is the PostgreSQL 17+ invalidation_reason of a slot whose WAL was
@@ -78,6 +85,9 @@ func (e *SlotLostError) Error() string {
 	return fmt.Sprintf("replication slot %q is lost (wal_status=%s): WAL it needed was removed; %s",
 		e.Slot, status, todo)
 }
+
+// NeedsOperator is true: the slot must be recreated (operator.Needed).
+func (e *SlotLostError) NeedsOperator() bool { return true }
 
 // Unwrap makes errors.Is(err, ErrSlotLost) true.
 func (e *SlotLostError) Unwrap() error { return ErrSlotLost }

@@ -8,13 +8,15 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // LSN is a PostgreSQL WAL position.
 type LSN = pglogrepl.LSN
 
 // ErrNoCheckpoint means walcount setup has not run for the slot.
-var ErrNoCheckpoint = errors.New("no checkpoint for the slot (run walcount setup)")
+var ErrNoCheckpoint = operator.NewError("no checkpoint for the slot (run walcount setup)")
 
 // ReadCheckpoint returns W, the checkpoint of slot.
 func ReadCheckpoint(ctx context.Context, q Querier, slot string) (LSN, error) {

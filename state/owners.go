@@ -2,14 +2,14 @@ package state
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // ErrOwned is wrapped by *OwnedError.
-var ErrOwned = errors.New("counter column is kept by another slot")
+var ErrOwned = operator.NewError("counter column is kept by another slot")
 
 // OwnedError says that a target column belongs to another slot: two slots
 // keeping one column would count every change twice (design rule 15).
@@ -60,7 +60,7 @@ func CheckOwnership(ctx context.Context, q Querier, slot string, counters []coun
 }
 
 // ErrNotClaimed means a counter column has no owner yet.
-var ErrNotClaimed = errors.New("counter column not claimed by the slot yet (run walcount setup)")
+var ErrNotClaimed = operator.NewError("counter column not claimed by the slot yet (run walcount setup)")
 
 // Claim makes slot the owner of the counters' columns, and releases the
 // columns slot owned for counters it no longer has. It fails with an

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // Schema is the name of walcount's state schema.
@@ -61,10 +63,10 @@ var Version = len(migrations)
 
 var (
 	// ErrNotSetUp means the state schema or its tables do not exist.
-	ErrNotSetUp = errors.New("walcount's state schema does not exist (run walcount setup)")
+	ErrNotSetUp = operator.NewError("walcount's state schema does not exist (run walcount setup)")
 	// ErrSchemaVersion is wrapped when the state schema has a version this
 	// walcount does not know.
-	ErrSchemaVersion = errors.New("walcount's state schema has another version")
+	ErrSchemaVersion = operator.NewError("walcount's state schema has another version")
 )
 
 // Querier reads; *pgx.Conn, *pgxpool.Pool and pgx.Tx fit.

@@ -85,6 +85,12 @@ CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`},
 		{name: "config names a missing column", schema: goodSchema, setup: true,
 			config:   "counters:\n  - {name: a, source: likes, key: post_idd, target: posts, target_key: id, column: likes_count}\n",
 			problems: 1},
+		{name: "sum of a generated column walcount derives", schema: goodSchema + `
+ALTER TABLE likes ADD COLUMN up int, ADD COLUMN down int, ADD COLUMN score int GENERATED ALWAYS AS (up - down) STORED;`, setup: true,
+			config: "counters:\n  - {name: a, source: likes, key: post_id, target: posts, target_key: id, column: likes_count, sum: score}\n"},
+		{name: "sum of a generated column walcount cannot derive", schema: goodSchema + `
+ALTER TABLE likes ADD COLUMN up int, ADD COLUMN half int GENERATED ALWAYS AS (up / 2) STORED;`,
+			config: "counters:\n  - {name: a, source: likes, key: post_id, target: posts, target_key: id, column: likes_count, sum: half}\n"},
 		{name: "missing counter column", schema: `
 CREATE TABLE posts (id bigint PRIMARY KEY);
 CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);

@@ -103,7 +103,7 @@ func TestOperatorCommandsExitCodes(t *testing.T) {
 	}
 
 	code, out, _ = walcount(t, env, "status")
-	if code != exitOK || !says(out, "daemon streaming") || strings.Contains(out, "WARNING") {
+	if code != exitOK || !says(out, "daemon streaming") || !says(out, "apply lag") || strings.Contains(out, "WARNING") {
 		t.Errorf("status with a streaming daemon: exit %d, want 0 and no warning:\n%s", code, out)
 	}
 	code, out, _ = walcount(t, env, "status", "--redis-url", "redis://"+unusedAddr(t)+"/0")

@@ -298,6 +298,10 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 				PID     int32   `json:"pid"`
 				Age     float64 `json:"xact_age_seconds"`
 			} `json:"slot_creation_wait"`
+			ApplyLag *struct {
+				Pending   float64  `json:"pending_seconds"`
+				LastFlush *float64 `json:"last_flush_seconds"`
+			} `json:"apply_lag"`
 		}
 		_ = json.Unmarshal(r.Daemon, &d)
 		switch {
@@ -311,6 +315,16 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 			fmt.Fprintf(tw, "daemon\tstandby: another walcount holds the slot\n")
 		default:
 			fmt.Fprintf(tw, "daemon\tNOT streaming (%d consecutive failures)\n", d.Failures)
+		}
+		if l := d.ApplyLag; l != nil && d.Streaming {
+			line := "nothing received waits to be applied"
+			if l.Pending > 0 {
+				line = fmt.Sprintf("the oldest change not yet applied committed %s ago", lagString(l.Pending))
+			}
+			if l.LastFlush != nil {
+				line += fmt.Sprintf("; the last flush applied changes up to %s after their commit", lagString(*l.LastFlush))
+			}
+			fmt.Fprintf(tw, "apply lag\t%s\n", line)
 		}
 		if d.LastError != "" {
 			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
@@ -405,6 +419,11 @@ func walStatusLine(s slot.SlotStatus) string {
 // secondsAgo renders an age in seconds for people, to the second.
 func secondsAgo(sec float64) string {
 	return time.Duration(max(sec, 0) * float64(time.Second)).Round(time.Second).String()
+}
+
+// lagString renders a lag in seconds to the millisecond.
+func lagString(sec float64) string {
+	return time.Duration(max(sec, 0) * float64(time.Second)).Round(time.Millisecond).String()
 }
 
 // humanBytes renders n in binary units.

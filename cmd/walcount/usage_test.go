@@ -48,8 +48,8 @@ CREATE TABLE users (id bigint PRIMARY KEY, spent numeric(14,2) NOT NULL DEFAULT 
 	if code != exitUsage {
 		t.Errorf("check: exit %d, want %d", code, exitUsage)
 	}
-	want := "summed column public.orders.note is text: it must be smallint, integer, bigint or numeric — fix: set counters[0].sum in " + path +
-		" to a smallint, integer, bigint or numeric column of public.orders (amount, id, user_id), or remove sum to count rows"
+	want := "summed column public.orders.note is text: it must be smallint, integer, bigint, numeric or boolean — fix: set counters[0].sum in " + path +
+		" to a smallint, integer, bigint, numeric or boolean column of public.orders (amount, id, user_id), or remove sum to count rows"
 	if !strings.Contains(out, want) {
 		t.Errorf("check does not say %q", want)
 	}

@@ -186,14 +186,16 @@ type fileConfig struct {
 }
 
 type fileCounter struct {
-	Name      string               `yaml:"name"`
-	Source    string               `yaml:"source"`
-	Key       string               `yaml:"key"`
-	Target    string               `yaml:"target"`
-	TargetKey string               `yaml:"target_key"`
-	Column    string               `yaml:"column"`
-	Sum       string               `yaml:"sum"`
-	Where     map[string]yaml.Node `yaml:"where"`
+	Name       string               `yaml:"name"`
+	Source     string               `yaml:"source"`
+	Key        string               `yaml:"key"`
+	Target     string               `yaml:"target"`
+	TargetKey  string               `yaml:"target_key"`
+	Column     string               `yaml:"column"`
+	Sum        string               `yaml:"sum"`
+	Where      map[string]yaml.Node `yaml:"where"`
+	TargetRow  yaml.Node            `yaml:"target_row"`
+	AppendOnly bool                 `yaml:"append_only"`
 }
 
 // decode expands data, decodes it over *cfg and returns the set of
@@ -276,13 +278,21 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 			return id
 		}
 		c := counter.Counter{
-			Name:      fc.Name,
-			Source:    fc.Source,
-			Key:       col("key", fc.Key),
-			Target:    fc.Target,
-			TargetKey: col("target_key", fc.TargetKey),
-			Column:    col("column", fc.Column),
-			Sum:       col("sum", fc.Sum),
+			Name:       fc.Name,
+			Source:     fc.Source,
+			Key:        col("key", fc.Key),
+			Target:     fc.Target,
+			TargetKey:  col("target_key", fc.TargetKey),
+			Column:     col("column", fc.Column),
+			Sum:        col("sum", fc.Sum),
+			AppendOnly: fc.AppendOnly,
+		}
+		if n := fc.TargetRow; n.Kind != 0 && n.Tag != "!!null" && !(n.Kind == yaml.ScalarNode && n.Value == "") {
+			if n.Kind != yaml.ScalarNode {
+				problems = append(problems, Problem{Line: n.Line, Field: field + ".target_row", Msg: "must be the target_key value of the one row the total is kept in (a number or a string)"})
+			} else {
+				c.TargetRow = n.Value
+			}
 		}
 		if fc.Where != nil {
 			c.Where = make(map[string]*string, len(fc.Where))
@@ -293,7 +303,9 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 			if n.Kind == yaml.AliasNode && n.Alias != nil {
 				n = *n.Alias
 			}
-			if _, dup := c.Where[name]; dup {
+			_, dupW := c.Where[name]
+			_, dupF := c.Filters[name]
+			if dupW || dupF {
 				problems = append(problems, Problem{Field: wf, Msg: fmt.Sprintf("column %q is listed twice", name)})
 				continue
 			}
@@ -304,12 +316,71 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 				v := n.Value
 				c.Where[name] = &v
 			default:
-				problems = append(problems, Problem{Line: n.Line, Field: wf, Msg: "must be a string, number, boolean or null"})
+				f, msg := whereFilter(&n)
+				if msg != "" {
+					problems = append(problems, Problem{Line: n.Line, Field: wf, Msg: msg})
+					continue
+				}
+				if c.Filters == nil {
+					c.Filters = map[string]counter.Filter{}
+				}
+				c.Filters[name] = f
 			}
 		}
 		out[i] = c
 	}
 	return out, problems
+}
+
+// whereHelp is the forms a where value may take.
+const whereHelp = "must be a value (equality), null (IS NULL), a list of values (IN), or {not: null} (IS NOT NULL), {not: value} (<>) or {not: [values]} (NOT IN)"
+
+// whereFilter reads a where value that is a list or a mapping: a list of
+// scalars is IN, {not: null} IS NOT NULL, {not: scalar} <> and
+// {not: [scalars]} NOT IN. It returns a message for anything else.
+func whereFilter(n *yaml.Node) (counter.Filter, string) {
+	list := func(n *yaml.Node) ([]string, string) {
+		var vs []string
+		for _, e := range n.Content {
+			if e.Kind == yaml.AliasNode && e.Alias != nil {
+				e = e.Alias
+			}
+			switch {
+			case e.Kind != yaml.ScalarNode:
+				return nil, "a list holds values only: " + whereHelp
+			case e.Tag == "!!null":
+				return nil, "a list cannot hold null (in SQL, x IN (…, NULL) never matches a NULL): filter NULL with a separate counter, or leave it out"
+			}
+			vs = append(vs, e.Value)
+		}
+		if len(vs) == 0 {
+			return nil, "the list is empty, and would match no row"
+		}
+		return vs, ""
+	}
+	switch n.Kind {
+	case yaml.SequenceNode:
+		vs, msg := list(n)
+		return counter.Filter{Op: counter.OpIn, Values: vs}, msg
+	case yaml.MappingNode:
+		if len(n.Content) != 2 || n.Content[0].Value != "not" {
+			return counter.Filter{}, whereHelp
+		}
+		v := n.Content[1]
+		if v.Kind == yaml.AliasNode && v.Alias != nil {
+			v = v.Alias
+		}
+		switch {
+		case v.Kind == yaml.ScalarNode && v.Tag == "!!null":
+			return counter.Filter{Op: counter.OpNotNull}, ""
+		case v.Kind == yaml.ScalarNode:
+			return counter.Filter{Op: counter.OpNe, Values: []string{v.Value}}, ""
+		case v.Kind == yaml.SequenceNode:
+			vs, msg := list(v)
+			return counter.Filter{Op: counter.OpNotIn, Values: vs}, msg
+		}
+	}
+	return counter.Filter{}, whereHelp
 }
 
 // yamlLine matches the "line N: message" form of go-yaml's errors.

@@ -38,7 +38,7 @@ func TestParseErrors(t *testing.T) {
 			b.WriteString(f.k + ": " + v + "\n")
 		}
 		for k, v := range repl {
-			if k == "sum" || k == "where" {
+			if k == "sum" || k == "where" || k == "target_row" {
 				b.WriteString("    " + k + ": " + v + "\n")
 			}
 		}
@@ -84,10 +84,16 @@ func TestParseErrors(t *testing.T) {
 		{"counter column feeds a counter", "counters:\n" + counter("a", nil) +
 			counter("b", map[string]string{"source": "posts", "key": "likes_count", "target": "users", "column": "n"}),
 			[]string{"walcount.yaml: counters[0] (a).column: public.posts.likes_count is read by counters[1] (b): a counter column cannot be a key, sum or where column of a counted table"}},
-		{"where list", "counters:\n" + counter("a", map[string]string{"where": "{state: [1, 2]}"}),
-			[]string{"walcount.yaml:8: counters[0] (a).where.state: must be a string, number, boolean or null"}},
+		{"where list with null", "counters:\n" + counter("a", map[string]string{"where": "{state: [1, null]}"}),
+			[]string{"walcount.yaml:8: counters[0] (a).where.state: a list cannot hold null"}},
+		{"where empty list", "counters:\n" + counter("a", map[string]string{"where": "{state: {not: []}}"}),
+			[]string{"walcount.yaml:8: counters[0] (a).where.state: the list is empty, and would match no row"}},
+		{"where nested list", "counters:\n" + counter("a", map[string]string{"where": "{state: [[1]]}"}),
+			[]string{"walcount.yaml:8: counters[0] (a).where.state: a list holds values only"}},
+		{"target_row with a key", "counters:\n" + counter("a", map[string]string{"target_row": "1"}),
+			[]string{"walcount.yaml: counters[0] (a).key: a counter with target_row has no key"}},
 		{"where mapping", "counters:\n" + counter("a", map[string]string{"where": "\n      state: {a: 1}"}),
-			[]string{"walcount.yaml:9: counters[0] (a).where.state: must be a string, number, boolean or null"}},
+			[]string{"walcount.yaml:9: counters[0] (a).where.state: must be a value (equality), null (IS NULL), a list of values (IN), or {not: null} (IS NOT NULL), {not: value} (<>) or {not: [values]} (NOT IN)"}},
 		{"where duplicate after folding", "counters:\n" + counter("a", map[string]string{"where": "{state: 1, State: 2}"}),
 			[]string{`walcount.yaml: counters[0] (a).where.`}},
 		{"counters not a list", "counters: 5\n",

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/buffer"
@@ -19,12 +20,12 @@ import (
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/operator"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/slot"
-	"github.com/walcount/walcount/state"
 )
 
 // Defaults of Options.
@@ -239,23 +240,11 @@ func (d *Daemon) Pool() *pgxpool.Pool { return d.pool }
 // Redis returns the daemon's Redis client.
 func (d *Daemon) Redis() redis.UniversalClient { return d.rdb }
 
-// fatal reports whether err needs an operator rather than a retry.
-func fatal(err error) bool {
-	return errors.Is(err, failpoint.ErrCrash) ||
-		errors.Is(err, aggregator.ErrNotAttributable) ||
-		errors.Is(err, counter.ErrBadValue) ||
-		errors.Is(err, counter.ErrBadTarget) ||
-		errors.Is(err, counter.ErrPartialView) ||
-		errors.Is(err, state.ErrNoCheckpoint) ||
-		errors.Is(err, state.ErrNotSetUp) ||
-		errors.Is(err, state.ErrSchemaVersion) ||
-		errors.Is(err, state.ErrOwned) ||
-		errors.Is(err, state.ErrNotClaimed) ||
-		errors.Is(err, cdc.ErrSlotMissing) ||
-		errors.Is(err, buffer.ErrOtherDeployment) ||
-		errors.Is(err, cdc.ErrPooler) ||
-		isSlotLost(err)
-}
+// fatal reports whether err needs an operator rather than a retry. The
+// errors say it themselves (operator.Needed): the sentinels of counter,
+// state, buffer, aggregator, cdc, slot and failpoint that stop the daemon
+// are operator errors, and so is a *slot.SlotLostError.
+func fatal(err error) bool { return operator.Needed(err) }
 
 // Run runs sessions until ctx is done (returns nil after a clean
 // shutdown) or a fatal error occurs.
@@ -270,41 +259,38 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// everything (design rule 12).
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	monDone := make(chan struct{})
-	obsDone := make(chan struct{})
-	recDone := make(chan struct{})
-	partDone := make(chan struct{})
-	defer func() { cancel(nil); <-monDone; <-obsDone; <-recDone; <-partDone }()
+	// The four goroutines that live as long as Run run under one group;
+	// the first of them to fail for good (a lost slot, a crash test)
+	// cancels ctx with its error as the cause, which the loop below
+	// reports. Run returns only after all four returned.
+	var bg errgroup.Group
+	defer func() { cancel(nil); _ = bg.Wait() }()
 	// Reconciliation runs for the daemon's lifetime too; its measurements
 	// need a streaming session and are repeated when one ends.
-	go func() {
-		defer close(recDone)
-		if err := d.rec.Run(ctx); err != nil {
-			if errors.Is(err, failpoint.ErrCrash) {
-				cancel(err) // a crash test: stop as a killed process would
-				return
-			}
+	bg.Go(func() error {
+		err := d.rec.Run(ctx)
+		switch {
+		case errors.Is(err, failpoint.ErrCrash):
+			cancel(err) // a crash test: stop as a killed process would
+			return err
+		case err != nil:
 			d.log.Error("reconciler stopped", zap.Error(err))
 		}
-	}()
-	go func() {
-		defer close(monDone)
+		return nil
+	})
+	bg.Go(func() error {
 		// Run's loop logs the stop, once, whichever of the monitor and
 		// the session saw the lost slot first.
-		if err := d.mon.Run(ctx); err != nil {
+		err := d.mon.Run(ctx)
+		if err != nil {
 			cancel(err)
 		}
-	}()
+		return err
+	})
 	// The observer refreshes the metrics no event updates, and warns once
 	// about an unlimited max_slot_wal_keep_size.
-	go func() {
-		defer close(obsDone)
-		d.observe(ctx)
-	}()
-	go func() {
-		defer close(partDone)
-		d.watchPartitions(ctx)
-	}()
+	bg.Go(func() error { d.observe(ctx); return nil })
+	bg.Go(func() error { d.watchPartitions(ctx); return nil })
 	backoff := d.opt.RetryMin
 	for {
 		start := time.Now()

@@ -13,9 +13,9 @@ import (
 
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/pgversion"
-	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -181,7 +181,7 @@ func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
 		return err
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, d.cfg.Slot); err != nil {
+	if err := slot.DropInactive(ctx, conn, d.cfg.Slot); err != nil {
 		return fmt.Errorf("drop the lost slot: %w", err)
 	}
 	v, err := pgversion.Read(ctx, conn)
@@ -190,7 +190,7 @@ func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
 	}
 	var lsn state.LSN
 	stopWatch := d.watchSlotCreation(ctx, conn.Conn().PgConn().PID())
-	err = conn.QueryRow(ctx, setup.CreateSlotSQL(v), d.cfg.Slot).Scan(&lsn)
+	err = conn.QueryRow(ctx, slot.CreateSQL(v), d.cfg.Slot).Scan(&lsn)
 	stopWatch()
 	if err != nil {
 		return fmt.Errorf("create the slot: %w", err)

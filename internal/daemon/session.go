@@ -125,8 +125,10 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		},
 	})
 	if err != nil {
-		if lost := d.checkSlotLost(ctx, err); lost != nil {
-			return nil, lost
+		// A lost slot fails START_REPLICATION with the server's words;
+		// the slot's own row says what to do.
+		if err := slot.StartError(ctx, d.pool, d.cfg.Slot, err); isSlotLost(err) {
+			return nil, err
 		}
 		if errors.Is(err, cdc.ErrSlotInUse) {
 			if held := d.takeBackSlot(ctx, err); held != nil {
@@ -208,10 +210,17 @@ func (s *liveSession) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Generated summed columns are not in the stream: derived from the
+	// columns they are computed from.
+	derived, err := counter.Derivations(ctx, d.pool, d.cfg.Counters)
+	if err != nil {
+		return err
+	}
 	agg := aggregator.New(aggregator.Options{
 		Slot:          d.cfg.Slot,
 		Counters:      d.cfg.Counters,
 		Relations:     rels,
+		Derived:       derived,
 		Flushes:       d.flushes,
 		Dirty:         d.markDirty,
 		DirtyCounters: d.markCountersDirty,
@@ -437,20 +446,6 @@ func (d *Daemon) stampBuffer(ctx context.Context, sys string) {
 	}
 }
 
-// checkSlotLost turns a failed START_REPLICATION on a lost (invalidated)
-// slot into monitor's SlotLostError; a missing slot keeps the stream's
-// cdc.ErrSlotMissing.
-func (d *Daemon) checkSlotLost(ctx context.Context, cause error) error {
-	st, err := slot.ReadSlot(ctx, d.pool, d.cfg.Slot)
-	if err != nil {
-		return nil
-	}
-	if lost := st.Err(); lost != nil && isSlotLost(lost) {
-		return fmt.Errorf("%w (start replication: %v)", lost, cause)
-	}
-	return nil
-}
-
 // streamObserver exports the stream's progress.
 type streamObserver struct{ d *Daemon }
 
@@ -490,9 +485,7 @@ func (d *Daemon) takeBackSlot(ctx context.Context, inUse error) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
-	var active *int64
-	if err := d.pool.QueryRow(rctx, `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, d.cfg.Slot).Scan(&active); err != nil ||
-		active == nil || *active != int64(pid) {
+	if active, err := slot.ActivePID(rctx, d.pool, d.cfg.Slot); err != nil || active == nil || *active != int64(pid) {
 		return nil
 	}
 	var ended bool

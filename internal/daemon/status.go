@@ -14,6 +14,7 @@ import (
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
@@ -78,6 +79,10 @@ type Status struct {
 	// from the stream right now (their repair waits until it can).
 	Dirty    []state.Dirty `json:"dirty,omitempty"`
 	Degraded []string      `json:"degraded,omitempty"`
+	// ApplyLag is how far the counter columns trail the source's
+	// commits: the wait of the oldest transaction received and not yet
+	// applied, and the largest lag of the last flush's transactions.
+	ApplyLag sink.ApplyLag `json:"apply_lag"`
 	// RedisEviction says why Redis may evict walcount's keys, with the
 	// fix; absent when it may not.
 	RedisEviction string `json:"redis_eviction,omitempty"`
@@ -320,6 +325,7 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		Dirty:          smp.dirty,
 		StandbySlots:   smp.standbySlots,
 		AckHeldBytes:   smp.ackHeld,
+		ApplyLag:       d.lag.Lag(time.Now()),
 	}
 	if w := st.standbyWait; w != nil {
 		c := *w

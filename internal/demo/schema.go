@@ -10,6 +10,7 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -73,7 +74,7 @@ func dropAll(ctx context.Context, db *pgxpool.Pool, rdb redis.UniversalClient) e
 		sql  string
 		args []any
 	}{
-		{`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, []any{Slot}},
+		{slot.DropIfExistsSQL, []any{Slot}},
 		{"DROP PUBLICATION IF EXISTS " + pgx.Identifier{Publication}.Sanitize(), nil},
 		{"DROP SCHEMA IF EXISTS " + pgx.Identifier{Schema}.Sanitize() + " CASCADE", nil},
 	}

@@ -5,10 +5,11 @@
 package failpoint
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // Names of the failpoints, one per crash point of docs/design.md §4.
@@ -34,7 +35,7 @@ const (
 
 // ErrCrash is returned by an armed failpoint. Whoever receives it must
 // stop at once, as a killed process would: no final flush, no ack.
-var ErrCrash = errors.New("failpoint: simulated crash")
+var ErrCrash = operator.NewError("failpoint: simulated crash")
 
 // Set holds the armed failpoints of one daemon. The zero value has none
 // armed; a nil *Set is valid and never fires. It is safe for concurrent

@@ -156,7 +156,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	r := &run{ctx: ctx, conn: conn, cfg: cfg, log: log, tables: map[string]*table{}, quoted: map[string]string{}}
+	r := &run{ctx: ctx, conn: conn, cfg: cfg, log: log, tables: map[string]*table{}, quoted: map[string]string{}, once: map[string]bool{}}
 	steps := []func() error{
 		r.checkServer,
 		r.checkProvider,
@@ -222,6 +222,9 @@ type run struct {
 	tables map[string]*table
 	// quoted caches quote_ident results.
 	quoted map[string]string
+	// once holds the causes reported once for every counter they concern
+	// (a generated column several counters sum).
+	once map[string]bool
 
 	findings []Finding
 }

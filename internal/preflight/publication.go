@@ -236,7 +236,7 @@ func readColumns(counters []counter.Counter, t *table) []string {
 		if s, n := counter.SplitTable(c.Source); s != t.Schema || n != t.Name {
 			continue
 		}
-		for _, col := range c.ReadColumns() {
+		for _, col := range c.ReadColumnsOf(t.Table) {
 			add(col)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/walcount/walcount/internal/pgversion"
+	"github.com/walcount/walcount/slot"
 )
 
 // checkServer checks the version, wal_level and the free replication slots
@@ -68,7 +69,7 @@ SELECT current_setting('server_version_num')::int,
 	default:
 		r.problem(CheckReplicationSlots,
 			fmt.Sprintf("no free replication slot: max_replication_slots is %d and %d are in use", maxSlots, slotsUsed),
-			fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL (or drop an unused slot with pg_drop_replication_slot)", slotsUsed+1))
+			fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL (or drop an unused slot with %s)", slotsUsed+1, slot.DropFunction))
 	}
 
 	switch free := maxSenders - sendersUsed; {

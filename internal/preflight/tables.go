@@ -35,7 +35,7 @@ var keyFamilies = map[string]string{
 // summed column may have.
 var (
 	counterTypes = []string{"integer", "bigint", "numeric"}
-	sumTypes     = []string{"smallint", "integer", "bigint", "numeric"}
+	sumTypes     = []string{"smallint", "integer", "bigint", "numeric", "boolean"}
 )
 
 // lookupTable returns the catalog facts of a canonical table name.
@@ -161,7 +161,7 @@ func (r *run) configFix(c counter.Counter, fix string) string {
 func isDefaultCounter(c counter.Counter) bool {
 	d := counter.Default()
 	return c.Name == d.Name && c.Source == d.Source && c.Key == d.Key && c.Target == d.Target &&
-		c.TargetKey == d.TargetKey && c.Column == d.Column && c.Sum == d.Sum && len(c.Where) == 0
+		c.TargetKey == d.TargetKey && c.Column == d.Column && c.Sum == d.Sum && len(c.Where) == 0 && len(c.Filters) == 0 && c.TargetRow == ""
 }
 
 // closest returns the column of cols nearest to name by edit distance, for
@@ -225,14 +225,29 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		return col, found
 	}
 
-	key, keyOK := need(src, c.Key, "key")
+	var key counter.Column
+	var keyOK bool
 	tkey, tkeyOK := need(tgt, c.TargetKey, "target_key")
+	if c.Keyless() {
+		key, keyOK = tkey, tkeyOK
+		if tkeyOK {
+			if err := r.checkTargetRow(i, c, tgt, tkey, &ok); err != nil {
+				return err
+			}
+		}
+	} else {
+		key, keyOK = need(src, c.Key, "key")
+	}
+	keyName := c.Key
+	if c.Keyless() {
+		keyName = c.TargetKey
+	}
 	for _, k := range []struct {
 		t     *table
 		name  string
 		col   counter.Column
 		found bool
-	}{{src, c.Key, key, keyOK}, {tgt, c.TargetKey, tkey, tkeyOK}} {
+	}{{src, keyName, key, keyOK && !c.Keyless()}, {tgt, c.TargetKey, tkey, tkeyOK}} {
 		if k.found && keyFamilies[k.col.Base] == "" {
 			bad(fmt.Sprintf("key column %s.%s is %s: keys must be smallint, integer, bigint, uuid, text or varchar", k.t.sql, r.ident(k.name), k.col.Full), "")
 		}
@@ -271,28 +286,34 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 						numeric = append(numeric, r.ident(name))
 					}
 				}
-				fix := fmt.Sprintf("set counters[%d].sum in %s to a smallint, integer, bigint or numeric column of %s", i, r.configFileName(), src.sql)
+				fix := fmt.Sprintf("set counters[%d].sum in %s to a smallint, integer, bigint, numeric or boolean column of %s", i, r.configFileName(), src.sql)
 				if len(numeric) > 0 {
 					fix += " (" + strings.Join(numeric, ", ") + ")"
 				}
 				fix += ", or remove sum to count rows"
-				badConfig(fmt.Sprintf("summed column %s.%s is %s: it must be smallint, integer, bigint or numeric", src.sql, r.ident(c.Sum), sum.Full),
+				badConfig(fmt.Sprintf("summed column %s.%s is %s: it must be smallint, integer, bigint, numeric or boolean", src.sql, r.ident(c.Sum), sum.Full),
 					r.configFix(c, fix))
+			} else if sum.Generated {
+				r.checkDerived(c, src, &ok)
 			} else {
 				r.checkSum(c, src, tgt, sum, col, bad)
 			}
 		}
 	}
 
-	for _, w := range sortedKeys(c.Where) {
+	for _, cd := range c.Conds() {
+		w := cd.Column
 		wcol, found := need(src, w, "where."+w)
-		if !found || c.Where[w] == nil {
+		if !found {
 			continue
 		}
-		// Let the server judge the literal, as it will when it compares.
-		var ignored string
-		err := r.conn.QueryRow(r.ctx, "SELECT CAST($1::text AS "+wcol.Full+")::text", *c.Where[w]).Scan(&ignored)
-		if err != nil {
+		for _, v := range cd.Values {
+			// Let the server judge the literal, as it will when it compares.
+			var ignored string
+			err := r.conn.QueryRow(r.ctx, "SELECT CAST($1::text AS "+wcol.Full+")::text", v).Scan(&ignored)
+			if err == nil {
+				continue
+			}
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
 			}
@@ -301,16 +322,89 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 			if errors.As(err, &pgErr) {
 				msg = pgErr.Message
 			}
-			badConfig(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", *c.Where[w], wcol.Full, src.sql, r.ident(w), msg),
+			badConfig(fmt.Sprintf("where value %q is not a valid %s for %s.%s: %s", v, wcol.Full, src.sql, r.ident(w), msg),
 				fmt.Sprintf("fix counters[%d].where.%s in %s", i, w, r.configFileName()))
 		}
 	}
 
-	if ok {
+	switch {
+	case ok && c.Keyless():
+		r.ok(CheckColumn, fmt.Sprintf("%severy counted row of %s counts into %s.%s (%s) of the row whose %s is %s",
+			prefix, src.sql, tgt.sql, r.ident(c.Column), col.Full, r.ident(c.TargetKey), c.TargetRow))
+	case ok:
 		r.ok(CheckColumn, fmt.Sprintf("%s%s.%s (%s) counts into %s.%s (%s), matched on %s (%s)",
 			prefix, src.sql, r.ident(c.Key), key.Full, tgt.sql, r.ident(c.Column), col.Full, r.ident(c.TargetKey), tkey.Full))
 	}
 	return nil
+}
+
+// checkTargetRow checks the row a total with no key is kept in: its
+// target_row must be written as PostgreSQL prints the target key (the
+// stream's moves of target rows name keys in that form), and the row must
+// exist, or every delta would be dropped.
+func (r *run) checkTargetRow(i int, c counter.Counter, tgt *table, tkey counter.Column, ok *bool) error {
+	var printed string
+	var exists bool
+	err := r.conn.QueryRow(r.ctx, fmt.Sprintf("SELECT CAST($1::text AS %[1]s)::text, EXISTS (SELECT 1 FROM %[2]s t WHERE t.%[3]s = CAST($1::text AS %[1]s))",
+		tkey.Full, tgt.sql, r.ident(c.TargetKey)), c.TargetRow).Scan(&printed, &exists)
+	var pgErr *pgconn.PgError
+	switch {
+	case err != nil && r.ctx.Err() != nil:
+		return r.ctx.Err()
+	case errors.As(err, &pgErr):
+		*ok = false
+		r.configProblem(CheckColumn, fmt.Sprintf("counter %s: target_row %q is not a valid %s for %s.%s: %s", c.Name, c.TargetRow, tkey.Full, tgt.sql, r.ident(c.TargetKey), pgErr.Message),
+			fmt.Sprintf("fix counters[%d].target_row in %s", i, r.configFileName()))
+	case err != nil:
+		return r.queryFailed(CheckColumn, "counter "+c.Name+": target row", err)
+	case printed != c.TargetRow:
+		*ok = false
+		r.configProblem(CheckColumn, fmt.Sprintf("counter %s: target_row %q is written otherwise than PostgreSQL prints it (%s)", c.Name, c.TargetRow, printed),
+			fmt.Sprintf("set counters[%d].target_row in %s to %s", i, r.configFileName(), printed))
+	case !exists:
+		*ok = false
+		r.problem(CheckColumn, fmt.Sprintf("counter %s: %s has no row whose %s is %s: the total has nowhere to go, and every delta would be dropped", c.Name, tgt.sql, r.ident(c.TargetKey), c.TargetRow),
+			fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s); then walcount reconcile", tgt.sql, r.ident(c.TargetKey), quoteLit(c.TargetRow)))
+	}
+	return nil
+}
+
+func quoteLit(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// checkDerived checks that a generated summed column can be derived from
+// the columns the WAL carries (counter.Derive): pgoutput leaves generated
+// columns out, so walcount run computes the column's expression itself,
+// and refuses one it cannot compute, as this finding does. A column that
+// several counters sum is one finding, naming them all.
+func (r *run) checkDerived(c counter.Counter, src *table, ok *bool) {
+	d, err := counter.Derive(src.Table, c.Sum)
+	if err == nil {
+		r.ok(CheckColumn, fmt.Sprintf("counter %s: summed column %s.%s is generated (%s): walcount derives it from %s, which the WAL carries",
+			c.Name, src.sql, r.ident(c.Sum), d.Expr, strings.Join(d.Inputs(), ", ")))
+		return
+	}
+	*ok = false
+	key := "derive " + src.sql + "." + c.Sum
+	if r.once[key] {
+		return
+	}
+	r.once[key] = true
+	var names []string
+	for _, o := range r.cfg.Counters {
+		if o.Source == c.Source && o.Sum == c.Sum {
+			names = append(names, o.Name)
+		}
+	}
+	why := err.Error()
+	if i := strings.Index(why, "GENERATED ALWAYS"); i >= 0 {
+		why = why[i:]
+	} else if i := strings.Index(why, "it is "); i >= 0 {
+		why = why[i:]
+	}
+	r.problem(CheckColumn, fmt.Sprintf("counter %s: summed column %s.%s is a generated column, which the WAL does not carry (PostgreSQL leaves generated columns out of logical replication, and walcount's publication does not publish them), "+
+		"and walcount cannot derive it from the columns it is computed from: %s", strings.Join(names, ", "), src.sql, r.ident(c.Sum), why),
+		fmt.Sprintf("sum a column the application writes (make %s.%s a regular column, or sum the columns it is computed from with one counter each), "+
+			"or write its expression with integer columns, constants, +, - and * only", src.sql, r.ident(c.Sum)))
 }
 
 // checkSum checks that the summed column can be summed exactly: deltas are
@@ -321,7 +415,14 @@ func (r *run) checkSum(c counter.Counter, src, tgt *table, sum, col counter.Colu
 	name := fmt.Sprintf("%s.%s", src.sql, r.ident(c.Sum))
 	withScale := fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE numeric(12,2);", src.sql, r.ident(c.Sum))
 	if !slices.Contains(sumTypes, sum.Base) {
-		bad(fmt.Sprintf("summed column %s is %s: it must be smallint, integer, bigint or numeric", name, sum.Full), "")
+		bad(fmt.Sprintf("summed column %s is %s: it must be smallint, integer, bigint, numeric or boolean", name, sum.Full), "")
+		return
+	}
+	if sum.Base == "boolean" && sum.Domain {
+		// pgoutput sends the domain's OID, whose values walcount would
+		// read as integers.
+		bad(fmt.Sprintf("summed column %s is %s, a domain over boolean: walcount needs the column's own boolean type to count it as +1/-1", name, sum.Full),
+			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE boolean;", src.sql, r.ident(c.Sum)))
 		return
 	}
 	if sum.Base != "numeric" {
@@ -428,6 +529,9 @@ func (r *run) checkIndexes(c counter.Counter, src, tgt *table, prefix string) er
 		{tgt, c.TargetKey, "every flush looks rows up by it, so it scans the table"},
 		{src, c.Key, "every reconcile batch counts the rows of a range of keys by it, so a reconcile would scan the whole table once per batch (an index that does not lead with it does not help)"},
 	} {
+		if k.col == "" {
+			continue // a total with no key reads the whole source
+		}
 		if _, found := k.t.Columns[k.col]; !found {
 			continue // reported by checkColumns
 		}

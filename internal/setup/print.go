@@ -14,6 +14,7 @@ import (
 	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/internal/publication"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -186,8 +187,8 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 
 	// 5. The slot.
 	p.blank()
-	var slotExists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", cfg.Slot).Scan(&slotExists); err != nil {
+	slotExists, err := slot.Exists(ctx, conn, cfg.Slot)
+	if err != nil {
 		return fmt.Errorf("read replication slot: %w", err)
 	}
 	if slotExists && !opt.RecreateSlot {
@@ -197,9 +198,9 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 			"   publication exists (needs REPLICATION, or superuser). For reference only, not run here:", user)
 		var lines []string
 		if slotExists {
-			lines = append(lines, bind("SELECT pg_drop_replication_slot($1)", cfg.Slot)+";")
+			lines = append(lines, bind(slot.DropSQL, cfg.Slot)+";")
 		}
-		lines = append(lines, bind(CreateSlotSQL(version), cfg.Slot)+";", bind(state.InitCheckpointFromSlotSQL, cfg.Slot)+";")
+		lines = append(lines, bind(slot.CreateSQL(version), cfg.Slot)+";", bind(state.InitCheckpointFromSlotSQL, cfg.Slot)+";")
 		p.comment("%s", "    "+strings.ReplaceAll(strings.Join(lines, "\n"), "\n", "\n    "))
 	}
 	if len(missing) > 0 {

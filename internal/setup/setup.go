@@ -33,6 +33,7 @@ import (
 	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/internal/preflight"
 	"github.com/walcount/walcount/internal/publication"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -326,10 +327,8 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 // transaction that has written nothing) and the checkpoint that starts at
 // its consistent point, or keeps both when they exist.
 func (s *statements) slot(ctx context.Context, cfg config.Config, version pgversion.Version, opt Options) error {
-	var slotExists bool
-	var plugin string
-	err := s.conn.QueryRow(ctx, "SELECT true, coalesce(plugin, '') FROM pg_replication_slots WHERE slot_name = $1", cfg.Slot).Scan(&slotExists, &plugin)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	plugin, slotExists, err := slot.Plugin(ctx, s.conn, cfg.Slot)
+	if err != nil {
 		return fmt.Errorf("read replication slot: %w", err)
 	}
 	if slotExists && plugin != "pgoutput" && !opt.RecreateSlot {
@@ -346,12 +345,12 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 		slotConn = opt.SlotConn
 	}
 	if slotExists && opt.RecreateSlot {
-		if _, err := slotConn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", cfg.Slot); err != nil {
+		if err := slot.Drop(ctx, slotConn, cfg.Slot); err != nil {
 			return fmt.Errorf("drop replication slot %q: %w", cfg.Slot, err)
 		}
 		slotExists = false
 	}
-	create := CreateSlotSQL(version)
+	create := slot.CreateSQL(version)
 	if !slotExists {
 		if s.print {
 			_ = s.exec(ctx, create, cfg.Slot)
@@ -398,8 +397,8 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	// The slot exists: keep the checkpoint, or start one at the slot's
 	// confirmed position when it is missing.
 	var confirmed state.LSN
-	if err := s.conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", cfg.Slot).Scan(&confirmed); err != nil {
-		return fmt.Errorf("read replication slot %q: %w", cfg.Slot, err)
+	if err := slot.ConfirmedFlush(ctx, s.conn, cfg.Slot, &confirmed); err != nil {
+		return err
 	}
 	w, err := state.InitCheckpoint(ctx, s.conn, cfg.Slot, confirmed, false)
 	if err != nil {
@@ -412,22 +411,14 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	return nil
 }
 
-// CreateSlotSQL creates walcount's slot ($1) and returns its consistent
-// point. From PostgreSQL 17 on the slot is a failover slot: standbys that
-// synchronise slots keep a copy, so that it survives a failover (design
-// rule 16).
-func CreateSlotSQL(v pgversion.Version) string {
-	if v.FailoverSlots() {
-		return "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
-	}
-	return "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
-}
-
 // fixIdentity sets REPLICA IDENTITY FULL on each source whose identity
 // does not carry every column a counter reads.
 func (s *statements) fixIdentity(ctx context.Context, counters []counter.Counter) ([]string, error) {
 	need := map[string][]string{}
 	for _, c := range counters {
+		if c.AppendOnly {
+			continue // takes no updates or deletes to attribute
+		}
 		sc, t := c.SourceTable()
 		src := pgx.Identifier{sc, t}.Sanitize()
 		need[src] = append(need[src], c.ReadColumns()...)

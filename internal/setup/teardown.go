@@ -10,13 +10,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/walcount/walcount/buffer"
+	replslot "github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
 // TeardownPlan lists what Teardown drops.
-func TeardownPlan(slot, publication string) []string {
+func TeardownPlan(slotName, publication string) []string {
+	slot := slotName
 	return []string{
-		fmt.Sprintf("replication slot %q (SELECT pg_drop_replication_slot('%s'))", slot, slot),
+		fmt.Sprintf("replication slot %q (SELECT %s('%s'))", slot, replslot.DropFunction, slot),
 		fmt.Sprintf("walcount's state rows of slot %q: its checkpoint, reconciliation runs, dirty marks and the claim on its counter columns", slot),
 		fmt.Sprintf("publication %q (DROP PUBLICATION %s), unless another slot reads it", publication, pgx.Identifier{publication}.Sanitize()),
 		"schema walcount and its tables (DROP SCHEMA walcount CASCADE), once no other slot is left in it",
@@ -51,14 +53,14 @@ const sqlstateInsufficientPrivilege = "42501"
 // run.
 func Teardown(ctx context.Context, conn *pgx.Conn, rdb redis.UniversalClient, slot, publication string) (TeardownResult, error) {
 	var res TeardownResult
-	tag, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+	slotDropped, err := replslot.DropIfExists(ctx, conn, slot)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == sqlstateInsufficientPrivilege:
-		res.ForOwner = append(res.ForOwner, fmt.Sprintf("SELECT pg_drop_replication_slot(%s); -- needs REPLICATION or superuser", quoteLiteral(slot)))
+		res.ForOwner = append(res.ForOwner, fmt.Sprintf("SELECT %s(%s); -- needs REPLICATION or superuser", replslot.DropFunction, quoteLiteral(slot)))
 	case err != nil:
 		return res, fmt.Errorf("drop replication slot %q (is walcount run still running?): %w", slot, err)
-	case tag.RowsAffected() > 0:
+	case slotDropped:
 		res.Dropped = append(res.Dropped, fmt.Sprintf("slot %q", slot))
 	}
 	pub := pgx.Identifier{publication}.Sanitize()
