@@ -63,7 +63,7 @@ type TxnObserver func(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], 
 // the stream, and the fields whose UPDATE hit no row; ok is false when
 // walcount no longer knows them.
 type FlushLog interface {
-	Seen(upto, at cdc.LSN) (deltas map[string]int64, missed map[string]bool, ok bool)
+	Seen(upto, at cdc.LSN, piece string) (deltas map[string]int64, missed map[string]bool, ok bool)
 }
 
 // DegradedFunc is told when a counter can no longer be kept from the

@@ -272,7 +272,7 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 	var missed map[string]bool
 	known := false
 	if a.opt.Flushes != nil {
-		deltas, missed, known = a.opt.Flushes.Seen(upto, at)
+		deltas, missed, known = a.opt.Flushes.Seen(upto, at, cdc.MarkerPiece(content))
 	}
 	l := &a.lc
 	i := 0

@@ -18,6 +18,9 @@
 //     target rows, and the deadlocks returned to an app updating two hot
 //     posts, without and with walcount, while one row is held by a long
 //     transaction.
+//  9. One big batch: one statement likes 100k, 1M and 2M posts; time until
+//     exact, walcount's and Redis's peak memory, the longest wait of a
+//     PING and of an app's row lock, and a SIGKILL in the middle.
 //
 // Every cluster is fresh (a slot changes the write path) and lives on
 // disk, with fsync on and synchronous_commit=on.
@@ -129,7 +132,7 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -152,13 +155,13 @@ func run() int {
 	}
 	// The standby section (9) says it was skipped below PostgreSQL 16
 	// (WALCOUNT_TEST_PG selects the server).
-	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true, "standby": true, "binary": true}
+	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true, "standby": true, "binary": true, "big": true}
 	if only != "" {
 		sections = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app, standby or binary)\n", s)
+			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app, standby, binary or big)\n", s)
 				return 2
 			}
 			sections[s] = true
@@ -192,12 +195,12 @@ func run() int {
 	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
 	if only != "" {
 		var names []string
-		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary"} {
+		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big"} {
 			if sections[s] {
 				names = append(names, s)
 			}
 		}
-		if len(names) < 7 {
+		if len(names) < 8 {
 			r.only = strings.Join(names, "+")
 		}
 	}
@@ -263,6 +266,12 @@ func run() int {
 			return fail(err)
 		}
 		r.standby += md
+	}
+	if sections["big"] {
+		b.logf("11. one big batch")
+		if r.big, err = runBig(ctx, b); err != nil {
+			return fail(err)
+		}
 	}
 	r.elapsed = time.Since(r.started)
 	r.busy = busy.String()

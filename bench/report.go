@@ -32,6 +32,8 @@ type results struct {
 	standby string
 	// app is section 8, without walcount and with it.
 	app []appSideResult
+	// big is section 11.
+	big []bigResult
 	// busy describes the load average and CPU steal during the run.
 	busy string
 	rev  string // the walcount revision measured
@@ -124,6 +126,9 @@ func (r *results) markdown() string {
 		r.appSection(&b)
 	}
 	b.WriteString(r.standby)
+	if len(r.big) > 0 {
+		r.bigSection(&b)
+	}
 	r.targetsSection(&b)
 	return b.String()
 }

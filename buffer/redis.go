@@ -85,13 +85,36 @@ const MovesCountField = "~n"
 // of field, to pairs), so that the flush that hands the buffer over runs
 // them on the deltas it carried from earlier flushes (design rule 2).
 //
-// KEYS: buffer, meta. ARGV: prev, last, n, n directive pairs, then
-// field/delta pairs.
+// A batch of more than MaxApplyFields deltas is written in parts, one
+// script call each, so that no call keeps Redis busy for long: part k of
+// the batch ending at last sets meta.part to "<last>/<k>", the moves go
+// with part 1, and only the final part moves meta.lsn (and clears
+// meta.part). A part already applied (a call retried) is ignored; a part
+// out of sequence is a broken chain. While meta.part is set the buffer
+// holds part of a batch, so no hand-over takes it (handOverScript), and a
+// session that starts with meta.part set resets the buffer: a write in
+// parts that was interrupted cannot be finished.
+//
+// KEYS: buffer, meta. ARGV: prev, last, part (0 for a batch in one call),
+// final (1 for the last part, or a batch in one call), n, n directive
+// pairs, then field/delta pairs.
 var applyScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[2], 'lsn', 'base', 'epoch', 'fupto')
+local m = redis.call('HMGET', KEYS[2], 'lsn', 'base', 'epoch', 'fupto', 'part')
 if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
 if m[1] >= ARGV[2] then return 0 end
 if m[1] ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN meta.lsn ' .. m[1] .. ' is not ' .. ARGV[1]) end
+local part = tonumber(ARGV[3])
+if part == 0 then
+  if m[5] then return redis.error_reply('WALCOUNT_CHAIN a write in parts (' .. m[5] .. ') was interrupted') end
+else
+  local cur = m[5] or nil
+  if cur == ARGV[2] .. '/' .. ARGV[3] then return 0 end
+  local want = nil
+  if part > 1 then want = ARGV[2] .. '/' .. tostring(part - 1) end
+  if cur ~= want then
+    return redis.error_reply('WALCOUNT_CHAIN part ' .. ARGV[3] .. ' of the batch ending at ' .. ARGV[2] .. ' follows ' .. tostring(m[5]))
+  end
+end
 -- While a flush is in progress the buffer starts where the flush ends.
 local start = m[4] or m[2]
 local stamp = (m[3] or '') .. '/' .. start
@@ -101,13 +124,13 @@ if m[1] ~= start then
     return redis.error_reply('WALCOUNT_CHAIN the buffer of ' .. start .. '..' .. m[1] .. ' is lost (stamp ' .. tostring(have) .. ')')
   end
 end
-local i = 4
-local nmoves = tonumber(ARGV[3])
+local i = 6
+local nmoves = tonumber(ARGV[5])
 if nmoves > 0 then
   local mv = {}
   for d = 0, nmoves - 1 do
-    mv[#mv+1] = ARGV[4+2*d]
-    mv[#mv+1] = ARGV[5+2*d]
+    mv[#mv+1] = ARGV[6+2*d]
+    mv[#mv+1] = ARGV[7+2*d]
   end
   if redis.call('HEXISTS', KEYS[1], '~m' .. ARGV[2]) == 0 then
     redis.call('HINCRBY', KEYS[1], '~n', 1)
@@ -130,45 +153,50 @@ for j = i, #ARGV, 2 do
   end
 end
 redis.call('HSET', KEYS[1], '~', stamp)
-redis.call('HSET', KEYS[2], 'lsn', ARGV[2])
+if ARGV[4] == '1' then
+  redis.call('HSET', KEYS[2], 'lsn', ARGV[2])
+  if part > 0 then redis.call('HDEL', KEYS[2], 'part') end
+else
+  redis.call('HSET', KEYS[2], 'part', ARGV[2] .. '/' .. ARGV[3])
+end
 return 1
 `)
 
-// handOverScript starts or resumes a flush and returns its range and its
-// deltas, read in the same script so that a lost hash can never be read
-// as an empty one (design rules 6 and 13). With a flush in progress it
-// returns that flush if it starts at W; if it ends at or below W it was
-// already committed and is cleaned up first. Else it renames buffer to
-// flushing and records the range (W, lsn]. It returns an empty list when
-// there is nothing past W.
+// MaxApplyFields is the most deltas one Apply script call adds: a bigger
+// batch (one transaction that touches a million keys) is written in
+// parts of this size.
+const MaxApplyFields = 5000
+
+// handOverScript starts or resumes a flush and returns its range and the
+// size of its hash; the deltas themselves are read afterwards in pages
+// (Scan), so that no script and no reply grows with the batch (design
+// rule 6). The flushing hash never changes once it is made, and its stamp
+// is checked here and again after the pages were read, so a lost hash can
+// never be read as an empty one (design rule 13). With a flush in progress
+// it returns that flush if it starts at W; if it ends at or below W it was
+// already committed and is cleaned up first (UNLINK: freed off Redis's
+// main thread). Else it renames buffer to flushing and records the range
+// (W, lsn]. It returns an empty list when there is nothing past W.
 //
-// KEYS: buffer, flushing, meta. ARGV: W. Reply: from, upto, then
-// field/delta pairs.
+// KEYS: buffer, flushing, meta. ARGV: W. Reply: from, upto, the number of
+// fields of flushing (HLEN), the number of its delta fields.
 var handOverScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[3], 'lsn', 'base', 'ffrom', 'fupto', 'epoch')
+local m = redis.call('HMGET', KEYS[3], 'lsn', 'base', 'ffrom', 'fupto', 'epoch', 'part')
 if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
 local epoch = m[5] or ''
 local function batch(from, upto)
-  local f = redis.call('HGETALL', KEYS[2])
-  local out = {from, upto}
-  local stamped = false
-  for k = 1, #f, 2 do
-    if f[k] == '~' then
-      stamped = f[k+1] == epoch .. '/' .. from
-    else
-      out[#out+1] = f[k]
-      out[#out+1] = f[k+1]
-    end
-  end
-  if not stamped then
+  if redis.call('HGET', KEYS[2], '~') ~= epoch .. '/' .. from then
     return redis.error_reply('WALCOUNT_CHAIN the flushing deltas of ' .. from .. '..' .. upto .. ' are lost')
   end
-  return out
+  local n = redis.call('HLEN', KEYS[2])
+  local moves = tonumber(redis.call('HGET', KEYS[2], '~n') or '0')
+  if moves > 0 then moves = moves + 1 end
+  return {from, upto, tostring(n), tostring(n - 1 - moves)}
 end
 if m[4] then
   if m[3] == ARGV[1] then return batch(m[3], m[4]) end
   if m[4] <= ARGV[1] then
-    redis.call('DEL', KEYS[2])
+    redis.call('UNLINK', KEYS[2])
     redis.call('HDEL', KEYS[3], 'ffrom', 'fupto')
     redis.call('HSET', KEYS[3], 'base', m[4])
     m[2] = m[4]
@@ -178,6 +206,8 @@ if m[4] then
 end
 if m[2] ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN buffer starts at ' .. tostring(m[2]) .. ', checkpoint is ' .. ARGV[1]) end
 if m[1] == ARGV[1] then return {} end
+-- A batch written in parts is not whole yet: the next flush takes it.
+if m[6] then return {} end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return redis.error_reply('WALCOUNT_CHAIN the buffer of ' .. m[2] .. '..' .. m[1] .. ' is lost')
 end
@@ -186,12 +216,30 @@ redis.call('HSET', KEYS[3], 'ffrom', ARGV[1], 'fupto', m[1])
 return batch(ARGV[1], m[1])
 `)
 
+// scannedScript checks, after the pages of a flush were read, that the
+// flushing hash is still the one handed over: the same range in meta, the
+// same stamp and the same number of fields. With the caller's count of
+// the distinct fields it read, this proves that the pages held the whole
+// hash (a failover or an eviction in between fails it).
+//
+// KEYS: flushing, meta. ARGV: from, upto, HLEN.
+var scannedScript = redis.NewScript(`
+local m = redis.call('HMGET', KEYS[2], 'ffrom', 'fupto', 'epoch')
+if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] then
+  return redis.error_reply('WALCOUNT_CHAIN the flush of ' .. ARGV[1] .. '..' .. ARGV[2] .. ' changed while its deltas were read')
+end
+if redis.call('HGET', KEYS[1], '~') ~= (m[3] or '') .. '/' .. ARGV[1] or redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[3]) then
+  return redis.error_reply('WALCOUNT_CHAIN the flushing deltas of ' .. ARGV[1] .. '..' .. ARGV[2] .. ' were lost while they were read')
+end
+return 1
+`)
+
 // doneScript ends a flush after its PostgreSQL commit: the flushing hash
 // goes and the buffer chain now starts at fupto.
 var doneScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[2], 'ffrom', 'fupto')
 if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('UNLINK', KEYS[1])
 redis.call('HDEL', KEYS[2], 'ffrom', 'fupto')
 redis.call('HSET', KEYS[2], 'base', ARGV[2])
 return 1
@@ -241,6 +289,9 @@ type Meta struct {
 	// = IdleFrom, up to IdleTo, with nothing in between for it (see
 	// RecordIdleConfirm); zero when it did not.
 	IdleFrom, IdleTo LSN
+	// Part is set while a batch is written in parts ("<last>/<k>", see
+	// Apply); a session that starts with it set resets the buffer.
+	Part string
 }
 
 // Batch is a flush handed over: the deltas of the transactions in
@@ -297,70 +348,180 @@ func chainErr(op string, err error) error {
 // script. It reports false when the batch was already applied, and fails
 // with ErrChainBroken when the chain does not continue at prev or a key it
 // needs was lost.
+//
+// A batch of more than MaxApplyFields deltas is written in parts, one
+// script call each (see applyScript).
 func (b *Redis) Apply(ctx context.Context, prev, last LSN, moves []counter.Move, deltas []counter.Delta) (bool, error) {
-	args := make([]any, 0, 3+2*len(moves)+2*len(deltas))
-	args = append(args, FormatLSN(prev), FormatLSN(last), len(moves))
-	for _, m := range moves {
-		args = append(args, m.Field, m.To)
-	}
+	nonzero := 0
 	for _, d := range deltas {
 		if d.N != 0 {
-			args = append(args, d.Field, d.N)
+			nonzero++
 		}
 	}
-	n, err := applyScript.Run(ctx, b.rdb, []string{b.keys.Buffer, b.keys.Meta}, args...).Int()
-	if err != nil {
-		return false, chainErr("apply deltas to redis", err)
+	parts := max(1, (nonzero+MaxApplyFields-1)/MaxApplyFields)
+	applied := false
+	next := 0
+	for part := 1; part <= parts; part++ {
+		args := make([]any, 0, 5+2*len(moves)+2*min(nonzero, MaxApplyFields))
+		k, final := part, "0"
+		if parts == 1 {
+			k = 0
+		}
+		if part == parts {
+			final = "1"
+		}
+		args = append(args, FormatLSN(prev), FormatLSN(last), k, final)
+		if part == 1 {
+			args = append(args, len(moves))
+			for _, m := range moves {
+				args = append(args, m.Field, m.To)
+			}
+		} else {
+			args = append(args, 0)
+		}
+		for n := 0; next < len(deltas) && n < MaxApplyFields; next++ {
+			if d := deltas[next]; d.N != 0 {
+				args = append(args, d.Field, d.N)
+				n++
+			}
+		}
+		n, err := applyScript.Run(ctx, b.rdb, []string{b.keys.Buffer, b.keys.Meta}, args...).Int()
+		if err != nil {
+			return false, chainErr("apply deltas to redis", err)
+		}
+		applied = applied || n == 1
 	}
-	return n == 1, nil
+	return applied, nil
 }
 
-// HandOver starts or resumes a flush from w and returns it, or ok ==
-// false when nothing lies past w.
-func (b *Redis) HandOver(ctx context.Context, w LSN) (batch Batch, ok bool, err error) {
+// Handed is a flush handed over, before its deltas are read: the range
+// (From, Upto] and the size of its hash.
+type Handed struct {
+	From, Upto LSN
+	// Fields is the hash's HLEN, Deltas the number of its delta fields
+	// (stamp and move records left out).
+	Fields, Deltas int64
+}
+
+// DefaultScanPage is how many fields one HSCAN of the flushing hash asks
+// for.
+const DefaultScanPage = 2000
+
+// Begin starts or resumes a flush from w and returns its range and size
+// without its deltas, or ok == false when nothing lies past w. Its script
+// does a constant amount of work whatever the batch size; Scan reads the
+// deltas.
+func (b *Redis) Begin(ctx context.Context, w LSN) (h Handed, ok bool, err error) {
 	res, err := handOverScript.Run(ctx, b.rdb, b.keys.All(), FormatLSN(w)).StringSlice()
 	if err != nil {
-		return Batch{}, false, chainErr("hand over redis buffer", err)
+		return Handed{}, false, chainErr("hand over redis buffer", err)
 	}
 	if len(res) == 0 {
-		return Batch{}, false, nil
+		return Handed{}, false, nil
 	}
-	if len(res)%2 != 0 {
-		return Batch{}, false, fmt.Errorf("hand over redis buffer: odd reply of %d values", len(res))
+	if len(res) != 4 {
+		return Handed{}, false, fmt.Errorf("hand over redis buffer: reply of %d values", len(res))
 	}
-	if batch.From, err = ParseLSN(res[0]); err != nil {
-		return Batch{}, false, err
+	if h.From, err = ParseLSN(res[0]); err != nil {
+		return Handed{}, false, err
 	}
-	if batch.Upto, err = ParseLSN(res[1]); err != nil {
-		return Batch{}, false, err
+	if h.Upto, err = ParseLSN(res[1]); err != nil {
+		return Handed{}, false, err
 	}
-	batch.Deltas = make(map[string]int64, len(res)/2-1)
-	var moveFields []string
+	if h.Fields, err = strconv.ParseInt(res[2], 10, 64); err != nil {
+		return Handed{}, false, fmt.Errorf("hand over redis buffer: %w", err)
+	}
+	if h.Deltas, err = strconv.ParseInt(res[3], 10, 64); err != nil {
+		return Handed{}, false, fmt.Errorf("hand over redis buffer: %w", err)
+	}
+	return h, true, nil
+}
+
+// Scan reads the deltas of the flush h in pages of about page fields
+// (HSCAN; DefaultScanPage when page ≤ 0) and calls fn with each page's
+// deltas. The flushing hash does not change during a flush, but HSCAN may
+// return a field twice: fn must treat a field it has seen as the same
+// delta again, not as another one. Scan returns the flush's lifecycle
+// moves in stream order. After the last page it checks that the hash is
+// still the one handed over; the caller must check that it saw h.Deltas
+// distinct fields.
+func (b *Redis) Scan(ctx context.Context, h Handed, page int, fn func(fields []string, deltas []int64) error) ([]counter.Move, error) {
+	if page <= 0 {
+		page = DefaultScanPage
+	}
 	moveLists := map[string]string{}
-	for i := 2; i < len(res); i += 2 {
-		if res[i] == MovesCountField {
-			continue
-		}
-		if strings.HasPrefix(res[i], MovesField) {
-			moveFields = append(moveFields, res[i])
-			moveLists[res[i]] = res[i+1]
-			continue
-		}
-		n, err := strconv.ParseInt(res[i+1], 10, 64)
+	var cursor uint64
+	for {
+		kv, next, err := b.rdb.HScan(ctx, b.keys.Flushing, cursor, "", int64(page)).Result()
 		if err != nil {
-			return Batch{}, false, fmt.Errorf("hand over redis buffer: field %q: %w", res[i], err)
+			return nil, fmt.Errorf("read the flushing deltas: %w", err)
 		}
-		batch.Deltas[res[i]] = n
+		fields, deltas := make([]string, 0, len(kv)/2), make([]int64, 0, len(kv)/2)
+		for i := 0; i+1 < len(kv); i += 2 {
+			switch {
+			case kv[i] == StampField || kv[i] == MovesCountField:
+				continue
+			case strings.HasPrefix(kv[i], MovesField):
+				moveLists[kv[i]] = kv[i+1]
+				continue
+			}
+			n, err := strconv.ParseInt(kv[i+1], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("read the flushing deltas: field %q: %w", kv[i], err)
+			}
+			fields, deltas = append(fields, kv[i]), append(deltas, n)
+		}
+		if len(fields) > 0 {
+			if err := fn(fields, deltas); err != nil {
+				return nil, err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	err := scannedScript.Run(ctx, b.rdb, []string{b.keys.Flushing, b.keys.Meta}, FormatLSN(h.From), FormatLSN(h.Upto), h.Fields).Err()
+	if err != nil {
+		return nil, chainErr("read the flushing deltas", err)
+	}
+	moveFields := make([]string, 0, len(moveLists))
+	for f := range moveLists {
+		moveFields = append(moveFields, f)
 	}
 	slices.Sort(moveFields)
+	var moves []counter.Move
 	for _, f := range moveFields {
 		var pairs []string
 		if err := json.Unmarshal([]byte(moveLists[f]), &pairs); err != nil || len(pairs)%2 != 0 {
-			return Batch{}, false, fmt.Errorf("hand over redis buffer: moves %q: malformed %q", f, moveLists[f])
+			return nil, fmt.Errorf("hand over redis buffer: moves %q: malformed %q", f, moveLists[f])
 		}
 		for j := 0; j < len(pairs); j += 2 {
-			batch.Moves = append(batch.Moves, counter.Move{Field: pairs[j], To: pairs[j+1]})
+			moves = append(moves, counter.Move{Field: pairs[j], To: pairs[j+1]})
 		}
+	}
+	return moves, nil
+}
+
+// HandOver starts or resumes a flush from w and returns it with all its
+// deltas (Begin, then Scan into memory), or ok == false when nothing lies
+// past w.
+func (b *Redis) HandOver(ctx context.Context, w LSN) (batch Batch, ok bool, err error) {
+	h, ok, err := b.Begin(ctx, w)
+	if err != nil || !ok {
+		return Batch{}, ok, err
+	}
+	batch = Batch{From: h.From, Upto: h.Upto, Deltas: make(map[string]int64, h.Deltas)}
+	batch.Moves, err = b.Scan(ctx, h, 0, func(fields []string, deltas []int64) error {
+		for i, f := range fields {
+			batch.Deltas[f] = deltas[i]
+		}
+		return nil
+	})
+	if err != nil {
+		return Batch{}, false, err
+	}
+	if int64(len(batch.Deltas)) != h.Deltas {
+		return Batch{}, false, fmt.Errorf("hand over redis buffer: %w: read %d of %d flushing deltas", ErrChainBroken, len(batch.Deltas), h.Deltas)
 	}
 	return batch, true, nil
 }
@@ -380,7 +541,7 @@ func (b *Redis) Advance(ctx context.Context, w, next LSN) error {
 
 // Meta reads the meta hash.
 func (b *Redis) Meta(ctx context.Context) (Meta, error) {
-	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto", "hist", "idle").Result()
+	vals, err := b.rdb.HMGet(ctx, b.keys.Meta, "lsn", "base", "ffrom", "fupto", "hist", "idle", "part").Result()
 	if err != nil {
 		return Meta{}, fmt.Errorf("read redis meta: %w", err)
 	}
@@ -408,6 +569,7 @@ func (b *Redis) Meta(ctx context.Context) (Meta, error) {
 	}
 	m.Flushing = ok
 	m.History, _ = vals[4].(string)
+	m.Part, _ = vals[6].(string)
 	if idle, ok := vals[5].(string); ok {
 		from, to, _ := strings.Cut(idle, "/")
 		if m.IdleFrom, err = ParseLSN(from); err != nil {
@@ -439,7 +601,7 @@ func (b *Redis) Reset(ctx context.Context, w LSN, history string) error {
 	var e [8]byte
 	_, _ = rand.Read(e[:]) // crypto/rand.Read never fails
 	_, err := b.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, b.keys.All()...)
+		p.Unlink(ctx, b.keys.All()...)
 		p.HSet(ctx, b.keys.Meta, "lsn", FormatLSN(w), "base", FormatLSN(w), "epoch", hex.EncodeToString(e[:]), "hist", history)
 		return nil
 	})

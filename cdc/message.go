@@ -77,6 +77,26 @@ func EmitMessage(ctx context.Context, q RowQuerier, content string) (LSN, error)
 type flushMarker struct {
 	Flush string `json:"flush"`
 	Slot  string `json:"slot"`
+	// Piece names one piece of a big batch (several share an upto); empty
+	// for a flush that moves W.
+	Piece string `json:"piece,omitempty"`
+}
+
+// PieceMarker is FlushMarker for a piece of a big batch, named by piece
+// (unique to the process that sent it), so that a restarted walcount can
+// tell another process's pieces from its own.
+func PieceMarker(slot string, upto LSN, piece string) string {
+	b, _ := json.Marshal(flushMarker{Flush: upto.String(), Slot: slot, Piece: piece})
+	return string(b)
+}
+
+// MarkerPiece returns the piece a flush marker names, "" for none.
+func MarkerPiece(content []byte) string {
+	var m flushMarker
+	if err := json.Unmarshal(content, &m); err != nil {
+		return ""
+	}
+	return m.Piece
 }
 
 var flushTag = []byte(`"flush"`)

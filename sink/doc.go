@@ -16,6 +16,11 @@
 // "flushing" that starts at W is applied again (it was not committed), one
 // that ends at or below W is deleted (it was).
 //
+// A batch of more keys than one transaction may update is staged in
+// walcount.carried by the transaction that moves W and then applied in
+// short pieces, each a transaction of its own (see Flusher.Flush and
+// docs/design.md, rule 2, "Big batches go in pieces").
+//
 // Counter updates use one statement per chunk of keys, keys sorted. A
 // flush never waits for a row lock: each statement locks the chunk's
 // target rows it can lock at once (FOR NO KEY UPDATE SKIP LOCKED) and

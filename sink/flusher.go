@@ -2,8 +2,11 @@ package sink
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -40,6 +43,14 @@ const (
 	// DefaultParkRetry is how long a parked key waits before a flush
 	// tries it again.
 	DefaultParkRetry = time.Minute
+	// DefaultTransactionKeys is the most keys one flush transaction
+	// updates: a bigger batch is staged in walcount.carried and applied in
+	// pieces of at most this many keys (Options.TransactionKeys).
+	DefaultTransactionKeys = 10000
+	// DefaultTransactionTime is how long a piece of a big batch may hold
+	// the target rows it updated before it commits
+	// (Options.TransactionTime).
+	DefaultTransactionTime = 200 * time.Millisecond
 )
 
 var (
@@ -56,11 +67,17 @@ var (
 // of everything buffered past W, and the two ways a flush ends (design
 // rules 6 and 7). buffer.Redis implements it.
 type Buffer interface {
-	// HandOver starts or resumes a flush from w and returns it, its
-	// deltas read atomically with the hand-over; ok is false when nothing
-	// lies past w. It fails with an error wrapping buffer.ErrChainBroken
-	// when the buffer does not start at w or a key it needs was lost.
-	HandOver(ctx context.Context, w cdc.LSN) (b buffer.Batch, ok bool, err error)
+	// Begin starts or resumes a flush from w and returns its range and
+	// size; ok is false when nothing lies past w. It fails with an error
+	// wrapping buffer.ErrChainBroken when the buffer does not start at w
+	// or a key it needs was lost.
+	Begin(ctx context.Context, w cdc.LSN) (h buffer.Handed, ok bool, err error)
+	// Scan reads the deltas of the flush h in pages of about page fields,
+	// calling fn with each (a field may come twice, with the same delta),
+	// and returns its lifecycle moves in stream order. It fails with an
+	// error wrapping buffer.ErrChainBroken when the hash changed or was
+	// lost meanwhile.
+	Scan(ctx context.Context, h buffer.Handed, page int, fn func(fields []string, deltas []int64) error) ([]counter.Move, error)
 	// Done ends the flush of (from, upto] after its PostgreSQL commit.
 	Done(ctx context.Context, from, upto cdc.LSN) error
 	// Advance moves an empty chain from w to next, which PostgreSQL
@@ -102,6 +119,12 @@ type Options struct {
 	// ParkRetry is how long a parked key waits before it is tried again;
 	// default DefaultParkRetry.
 	ParkRetry time.Duration
+	// TransactionKeys bounds the keys one flush transaction updates, and
+	// TransactionTime how long a piece of a big batch goes on updating
+	// before it commits; zero uses the defaults above. A batch of more
+	// keys is staged and applied in pieces (see Flush).
+	TransactionKeys int
+	TransactionTime time.Duration
 }
 
 // Flusher applies the Redis buffer to PostgreSQL. Its methods are safe for
@@ -123,6 +146,10 @@ type Flusher struct {
 	// prior holds, during a flush, the keys carried by earlier flushes
 	// that it tries, as they were carried (after the batch's moves).
 	prior map[string]state.Carried
+	// drainDue is true while walcount.carried may hold more keys than one
+	// transaction should update: after a big batch was staged, and at the
+	// start of a session (an earlier one may have stopped in the middle).
+	drainDue bool
 	// inherited is the end of what an earlier session buffered in Redis
 	// (see Inherit); zero when this session buffered everything.
 	inherited cdc.LSN
@@ -164,11 +191,17 @@ func NewFlusher(ctx context.Context, opt Options) (*Flusher, error) {
 	if opt.ParkRetry <= 0 {
 		opt.ParkRetry = DefaultParkRetry
 	}
+	if opt.TransactionKeys <= 0 {
+		opt.TransactionKeys = DefaultTransactionKeys
+	}
+	if opt.TransactionTime <= 0 {
+		opt.TransactionTime = DefaultTransactionTime
+	}
 	if opt.Metrics == nil {
 		opt.Metrics = metrics.New()
 	}
 	f := &Flusher{opt: opt, log: opt.Logger, targets: make(map[string]*counter.Resolved),
-		requests: make(chan chan error), done: make(chan struct{})}
+		requests: make(chan chan error), done: make(chan struct{}), drainDue: true}
 	for _, c := range opt.Counters {
 		t, err := counter.Resolve(ctx, opt.Pool, c)
 		if err != nil {
@@ -270,26 +303,41 @@ func (f *Flusher) Flush(ctx context.Context) (bool, error) {
 
 func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 	start := time.Now()
-	hb, ok, err := f.opt.Buffer.HandOver(ctx, f.w)
+	if f.drainDue {
+		if err := f.drain(ctx); err != nil {
+			f.opt.Metrics.FlushErrors.Inc()
+			return false, err
+		}
+	}
+	h, ok, err := f.opt.Buffer.Begin(ctx, f.w)
 	if err != nil || !ok {
 		return false, err
 	}
-	from, upto, fields := hb.From, hb.Upto, hb.Deltas
-	applied, err := f.apply(ctx, from, upto, fields, hb.Moves, nil)
+	if h.Deltas > int64(f.opt.TransactionKeys) {
+		return f.flushBig(ctx, start, h)
+	}
+	fields := make(map[string]int64, h.Deltas)
+	moves, err := f.opt.Buffer.Scan(ctx, h, 0, func(fs []string, ds []int64) error {
+		for i, field := range fs {
+			fields[field] = ds[i]
+		}
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	if int64(len(fields)) != h.Deltas {
+		return false, fmt.Errorf("hand over redis buffer: %w: read %d of %d flushing deltas", buffer.ErrChainBroken, len(fields), h.Deltas)
+	}
+	from, upto := h.From, h.Upto
+	applied, err := f.apply(ctx, from, upto, fields, moves, nil)
 	if err != nil {
 		f.opt.Metrics.FlushErrors.Inc()
 		return false, err
 	}
-	if err := f.opt.Failpoints.Inject(failpoint.AfterCommit); err != nil {
+	if err := f.end(ctx, from, upto); err != nil {
 		return false, err
 	}
-	if err := f.opt.Buffer.Done(ctx, from, upto); err != nil {
-		return false, err
-	}
-	if err := f.opt.Failpoints.Inject(failpoint.BeforeAck); err != nil {
-		return false, err
-	}
-	f.committed(upto)
 	if applied {
 		f.opt.Metrics.Flushes.Inc()
 		f.opt.Metrics.FlushDuration.Observe(time.Since(start).Seconds())
@@ -297,6 +345,332 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 			zap.Int("keys", len(fields)), zap.Duration("took_seconds", time.Since(start)))
 	}
 	return true, nil
+}
+
+// end finishes a flush committed in PostgreSQL: the flushing hash goes,
+// and W moves on.
+func (f *Flusher) end(ctx context.Context, from, upto cdc.LSN) error {
+	if err := f.opt.Failpoints.Inject(failpoint.AfterCommit); err != nil {
+		return err
+	}
+	if err := f.opt.Buffer.Done(ctx, from, upto); err != nil {
+		return err
+	}
+	if err := f.opt.Failpoints.Inject(failpoint.BeforeAck); err != nil {
+		return err
+	}
+	f.committed(upto)
+	return nil
+}
+
+// flushBig flushes a batch of more keys than one transaction may update,
+// in bounded pieces. One transaction moves W from h.From to h.Upto, runs
+// the batch's moves on the keys carried before, and stages the batch in
+// walcount.carried, merged with them, read from Redis page by page and
+// copied to the server page by page: it updates no target row, so it holds
+// no lock an application waits for, and memory holds a page at a time.
+// The counter columns plus walcount.carried then hold every delta up to
+// the new W, exactly as after any flush (design rule 2), so a crash at any
+// point later loses and doubles nothing. Then drain applies the carried
+// keys in short transactions.
+func (f *Flusher) flushBig(ctx context.Context, start time.Time, h buffer.Handed) (bool, error) {
+	staged, err := f.stage(ctx, h)
+	if err != nil {
+		f.opt.Metrics.FlushErrors.Inc()
+		return false, err
+	}
+	if err := f.end(ctx, h.From, h.Upto); err != nil {
+		return false, err
+	}
+	if !staged {
+		return true, nil
+	}
+	f.drainDue = true
+	pieces, err := f.drainCount(ctx)
+	if err != nil {
+		f.opt.Metrics.FlushErrors.Inc()
+		return false, err
+	}
+	f.opt.Metrics.Flushes.Inc()
+	f.opt.Metrics.FlushDuration.Observe(time.Since(start).Seconds())
+	f.log.Info("flushed a big batch in pieces", zap.String("from", h.From.String()), zap.String("upto", h.Upto.String()),
+		zap.Int64("keys", h.Deltas), zap.Int("transactions", pieces+1), zap.Duration("took_seconds", time.Since(start)))
+	return true, nil
+}
+
+// begin opens a flush transaction with walcount's own bounds, whatever the
+// database or the role set: a flush waits for no row lock (it skips
+// them), for a table lock at most lock_timeout, and never sits idle
+// holding row locks. statement is the statement_timeout.
+func (f *Flusher) begin(ctx context.Context, statement time.Duration) (pgx.Tx, error) {
+	tx, err := f.opt.Pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin flush: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
+set_config('idle_in_transaction_session_timeout', $3, true)`,
+		ms(f.opt.LockTimeout), ms(statement), ms(f.opt.IdleTimeout)); err != nil {
+		_ = tx.Rollback(context.Background())
+		return nil, fmt.Errorf("begin flush: set timeouts: %w", err)
+	}
+	return tx, nil
+}
+
+// alreadyApplied handles a compare-and-set that matched no row: the batch
+// of (from, upto] was committed by someone else, or the checkpoint moved.
+func (f *Flusher) alreadyApplied(ctx context.Context, from, upto cdc.LSN) error {
+	w, err := state.ReadCheckpoint(ctx, f.opt.Pool, f.opt.Slot)
+	if err != nil {
+		return err
+	}
+	if w < upto {
+		return fmt.Errorf("flush (%s, %s]: %w: checkpoint is %s", from, upto, ErrCheckpointMoved, w)
+	}
+	f.log.Info("batch was already applied; skipping it", zap.String("upto", upto.String()), zap.String("checkpoint", w.String()))
+	return nil
+}
+
+// stage is flushBig's first transaction. It reports false when the batch
+// had already been committed.
+func (f *Flusher) stage(ctx context.Context, h buffer.Handed) (bool, error) {
+	// The copy of a big batch may take long, but it locks only the
+	// checkpoint row and walcount.carried, which no application waits
+	// for.
+	tx, err := f.begin(ctx, 0)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	moved, err := state.CompareAndSet(ctx, tx, f.opt.Slot, h.From, h.Upto)
+	if err != nil {
+		return false, err
+	}
+	if !moved {
+		_ = tx.Rollback(ctx)
+		return false, f.alreadyApplied(ctx, h.From, h.Upto)
+	}
+	if err := state.CreateStage(ctx, tx); err != nil {
+		return false, err
+	}
+	moves, err := f.opt.Buffer.Scan(ctx, h, f.opt.ChunkSize, func(fs []string, ds []int64) error {
+		return state.CopyStage(ctx, tx, fs, ds)
+	})
+	if err != nil {
+		return false, err
+	}
+	// The batch's moves run on the keys carried before it, which are of
+	// the rows as they were at W (design rule 2). A drain ran before the
+	// hand-over, so these are the keys it could not apply: held rows and
+	// parked keys.
+	loaded, err := state.LoadCarried(ctx, tx, f.opt.Slot)
+	if err != nil {
+		return false, err
+	}
+	carried, err := runMoves(slices.Clone(loaded), moves)
+	if err != nil {
+		return false, err
+	}
+	if err := state.UpdateCarried(ctx, tx, f.opt.Slot, loaded, carried, f.opt.ParkRetry); err != nil {
+		return false, err
+	}
+	if h.From < f.inherited {
+		if err := f.markInheritedMoves(ctx, tx, moves); err != nil {
+			return false, err
+		}
+	}
+	names := make([]string, 0, len(f.targets))
+	for name := range f.targets {
+		names = append(names, name)
+	}
+	staged, merged, dropped, err := state.StageCarried(ctx, tx, f.opt.Slot, names)
+	if err != nil {
+		return false, err
+	}
+	if staged != h.Deltas {
+		return false, fmt.Errorf("hand over redis buffer: %w: read %d of %d flushing deltas", buffer.ErrChainBroken, staged, h.Deltas)
+	}
+	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("commit flush: %w", err)
+	}
+	if dropped > 0 {
+		f.log.Warn("dropped the deltas of counters no longer configured", zap.Int64("keys", dropped))
+	}
+	f.log.Info("staged a big batch in walcount.carried; applying it in pieces", zap.String("upto", h.Upto.String()),
+		zap.Int64("keys", merged), zap.Int("max_keys_per_transaction", f.opt.TransactionKeys),
+		zap.Duration("max_transaction_time", f.opt.TransactionTime))
+	return true, nil
+}
+
+// drain applies what walcount.carried holds in pieces, each its own
+// transaction of at most TransactionKeys keys that stops taking more once
+// it has spent TransactionTime updating, in (counter, key) order. A piece
+// is a flush without a hand-over: it takes the checkpoint row's lock
+// (SELECT … FOR UPDATE where W is still W), applies the carried deltas it can
+// lock at once, writes back what it could not (the same rules as every
+// flush: deferred, parked), and sends a flush marker for W, because its
+// deltas are of the rows as they were at W and it may cross their
+// lifecycle events as any flush does (design rule 17). Nothing moves W,
+// so a crash between two pieces leaves the columns plus walcount.carried
+// exact, and the next session's first flush drains the rest.
+func (f *Flusher) drain(ctx context.Context) error {
+	_, err := f.drainCount(ctx)
+	return err
+}
+
+// drainCount is drain, reporting how many pieces it committed.
+func (f *Flusher) drainCount(ctx context.Context) (int, error) {
+	var cursor state.CarriedCursor
+	pieces := 0
+	for {
+		next, more, did, err := f.drainPiece(ctx, cursor)
+		if err != nil {
+			return pieces, err
+		}
+		if did {
+			pieces++
+			f.opt.Metrics.FlushPieces.Inc()
+		}
+		if !more {
+			f.drainDue = false
+			return pieces, nil
+		}
+		cursor = next
+		if err := f.opt.Failpoints.Inject(failpoint.BetweenPieces); err != nil {
+			return pieces, err
+		}
+	}
+}
+
+// drainPiece runs one piece of drain from cursor, again with savepoints
+// around the chunks that failed on a row's data (as apply does). It
+// returns the cursor after it, whether keys may remain after it, and
+// whether it committed anything.
+func (f *Flusher) drainPiece(ctx context.Context, cursor state.CarriedCursor) (state.CarriedCursor, bool, bool, error) {
+	suspects := map[string]bool{}
+	for {
+		next, more, did, err := f.drainOnce(ctx, cursor, suspects)
+		var de *dataError
+		if errors.As(err, &de) && !suspects[de.chunk] {
+			f.log.Warn("a flush chunk failed on a row's data; applying it again key by key to isolate the row",
+				zap.String("counter", de.counter), zap.String("chunk", de.chunk), zap.Error(de.err))
+			suspects[de.chunk] = true
+			continue
+		}
+		return next, more, did, err
+	}
+}
+
+func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, suspects map[string]bool) (state.CarriedCursor, bool, bool, error) {
+	w := f.w
+	tx, err := f.begin(ctx, f.opt.StatementTimeout)
+	if err != nil {
+		return cursor, false, false, err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
+	held, err := state.LockCheckpoint(ctx, tx, f.opt.Slot, w)
+	if err != nil {
+		return cursor, false, false, err
+	}
+	if !held {
+		_ = tx.Rollback(ctx)
+		now, err := state.ReadCheckpoint(ctx, f.opt.Pool, f.opt.Slot)
+		if err != nil {
+			return cursor, false, false, err
+		}
+		return cursor, false, false, fmt.Errorf("apply carried deltas at %s: %w: checkpoint is %s", w, ErrCheckpointMoved, now)
+	}
+	total := &outcome{applied: map[string]int64{}}
+	prior := map[string]state.Carried{}
+	var updating time.Time
+	keys, more, attempted := 0, true, 0
+	for keys < f.opt.TransactionKeys {
+		if !updating.IsZero() && time.Since(updating) >= f.opt.TransactionTime {
+			break
+		}
+		limit := min(f.opt.ChunkSize, f.opt.TransactionKeys-keys)
+		page, next, err := state.LoadCarriedPage(ctx, tx, f.opt.Slot, cursor, limit)
+		if err != nil {
+			return cursor, false, false, err
+		}
+		if len(page) == 0 {
+			more = false
+			break
+		}
+		batches, out, err := f.plan(nil, nil, page)
+		if err != nil {
+			return cursor, false, false, err
+		}
+		if updating.IsZero() {
+			updating = time.Now()
+		}
+		for _, b := range batches {
+			var flushed, dropped int64
+			for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
+				hi := min(lo+f.opt.ChunkSize, len(b.keys))
+				chunk := fmt.Sprintf("carried/%s/%s/%d", next.Key, b.t.Counter.Name, lo)
+				if b.careful {
+					chunk += "/retry"
+				}
+				n, d, err := f.chunk(ctx, tx, b, b.keys[lo:hi], b.deltas[lo:hi], b.careful || suspects[chunk], chunk, out)
+				if err != nil {
+					return cursor, false, false, err
+				}
+				flushed += n
+				dropped += d
+				attempted += hi - lo
+			}
+			out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped})
+		}
+		if err := f.carry(ctx, tx, out, page); err != nil {
+			return cursor, false, false, err
+		}
+		maps.Copy(total.applied, out.applied)
+		for k := range out.missed {
+			if total.missed == nil {
+				total.missed = map[string]bool{}
+			}
+			total.missed[k] = true
+		}
+		total.parked = append(total.parked, out.parked...)
+		total.counts = append(total.counts, out.counts...)
+		maps.Copy(prior, f.prior)
+		keys += len(page)
+		cursor = next
+		if len(page) < limit {
+			more = false
+			break
+		}
+	}
+	if attempted == 0 && len(total.parked) == 0 {
+		// Nothing to apply (no keys, or only parked keys not due):
+		// nothing was written.
+		return cursor, more, false, nil
+	}
+	if len(total.applied) > 0 {
+		piece := newPieceName()
+		if err := cdc.PostMessage(ctx, tx, cdc.PieceMarker(f.opt.Slot, w, piece)); err != nil {
+			return cursor, false, false, fmt.Errorf("flush marker: %w", err)
+		}
+		f.opt.FlushLog.add(w, piece, total.applied, total.missed)
+	}
+	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
+		f.opt.FlushLog.drop(w)
+		return cursor, false, false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// Unlike a flush that moves W, a piece is not tried again as
+		// such: forget its record, so that a later piece's marker does
+		// not take it (a piece that did commit then costs dirty marks,
+		// never a wrong compensation).
+		f.opt.FlushLog.drop(w)
+		return cursor, false, false, fmt.Errorf("commit flush: %w", err)
+	}
+	f.prior = prior
+	f.committedCarry(total)
+	return cursor, more, true, nil
 }
 
 // committed records a new W and hands it on.
@@ -487,19 +861,11 @@ type attemptBatch struct {
 
 func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move,
 	resets []*counter.Resolved, suspects map[string]bool) (bool, error) {
-	tx, err := f.opt.Pool.Begin(ctx)
+	tx, err := f.begin(ctx, f.opt.StatementTimeout)
 	if err != nil {
-		return false, fmt.Errorf("begin flush: %w", err)
+		return false, err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after commit
-	// walcount's own bounds, whatever the database or the role set: a
-	// flush waits for no row lock (it skips them), for a table lock at
-	// most lock_timeout, and never sits idle holding row locks.
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
-set_config('idle_in_transaction_session_timeout', $3, true)`,
-		ms(f.opt.LockTimeout), ms(f.opt.StatementTimeout), ms(f.opt.IdleTimeout)); err != nil {
-		return false, fmt.Errorf("begin flush: set timeouts: %w", err)
-	}
 	moved, err := state.CompareAndSet(ctx, tx, f.opt.Slot, from, upto)
 	if err != nil {
 		return false, err
@@ -508,15 +874,7 @@ set_config('idle_in_transaction_session_timeout', $3, true)`,
 		// Someone committed this batch already (a retried flush or a
 		// takeover). Nothing is applied; learn where W is now.
 		_ = tx.Rollback(ctx)
-		w, err := state.ReadCheckpoint(ctx, f.opt.Pool, f.opt.Slot)
-		if err != nil {
-			return false, err
-		}
-		if w < upto {
-			return false, fmt.Errorf("flush (%s, %s]: %w: checkpoint is %s", from, upto, ErrCheckpointMoved, w)
-		}
-		f.log.Info("batch was already applied; skipping it", zap.String("upto", upto.String()), zap.String("checkpoint", w.String()))
-		return false, nil
+		return false, f.alreadyApplied(ctx, from, upto)
 	}
 	if len(resets) > 0 {
 		names := make([]string, len(resets))
@@ -598,7 +956,7 @@ set_config('idle_in_transaction_session_timeout', $3, true)`,
 		if err := cdc.PostMessage(ctx, tx, cdc.FlushMarker(f.opt.Slot, upto)); err != nil {
 			return false, fmt.Errorf("flush marker: %w", err)
 		}
-		f.opt.FlushLog.add(upto, out.applied, out.missed)
+		f.opt.FlushLog.replace(upto, out.applied, out.missed)
 	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		f.opt.FlushLog.drop(upto)
@@ -613,6 +971,14 @@ set_config('idle_in_transaction_session_timeout', $3, true)`,
 	return true, nil
 }
 
+// newPieceName returns a name for a piece's marker that no other process
+// draws.
+func newPieceName() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
 // ms renders a duration as a PostgreSQL setting in milliseconds.
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
 
@@ -623,6 +989,32 @@ func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10)
 // tried in batches of their own, chunk by chunk in savepoints.
 func (f *Flusher) plan(fields map[string]int64, moves []counter.Move, prior []state.Carried) ([]*attemptBatch, *outcome, error) {
 	out := &outcome{applied: map[string]int64{}}
+	carried, err := moveCarried(prior, moves)
+	if err != nil {
+		return nil, nil, err
+	}
+	return f.planMoved(fields, carried, out)
+}
+
+// runMoves runs a batch's lifecycle moves on carried deltas and returns
+// what is carried after them.
+func runMoves(prior []state.Carried, moves []counter.Move) ([]state.Carried, error) {
+	carried, err := moveCarried(prior, moves)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]state.Carried, 0, len(carried))
+	for _, c := range carried {
+		if c.Delta != 0 {
+			out = append(out, *c)
+		}
+	}
+	return out, nil
+}
+
+// moveCarried runs moves on the carried deltas prior (changing its
+// entries) and returns them by field.
+func moveCarried(prior []state.Carried, moves []counter.Move) (map[string]*state.Carried, error) {
 	carried := make(map[string]*state.Carried, len(prior))
 	for i := range prior {
 		c := &prior[i]
@@ -639,7 +1031,7 @@ func (f *Flusher) plan(fields map[string]int64, moves []counter.Move, prior []st
 		}
 		name, key, ok := counter.SplitField(m.To)
 		if !ok {
-			return nil, nil, fmt.Errorf("carry deltas: malformed move to %q", m.To)
+			return nil, fmt.Errorf("carry deltas: malformed move to %q", m.To)
 		}
 		if to := carried[m.To]; to != nil {
 			to.Delta += c.Delta
@@ -651,6 +1043,11 @@ func (f *Flusher) plan(fields map[string]int64, moves []counter.Move, prior []st
 		c.Counter, c.Key = name, key
 		carried[m.To] = c
 	}
+	return carried, nil
+}
+
+// planMoved is plan after the moves ran on the carried deltas.
+func (f *Flusher) planMoved(fields map[string]int64, carried map[string]*state.Carried, out *outcome) ([]*attemptBatch, *outcome, error) {
 	normal := make(map[string]int64, len(fields)+len(carried))
 	retry := map[string]int64{}
 	for field, n := range fields {

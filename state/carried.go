@@ -189,3 +189,97 @@ FROM walcount.carried WHERE slot_name = $1 AND parked_error IS NOT NULL ORDER BY
 	}
 	return s, nil
 }
+
+// CarriedCursor is a position in the slot's carried keys, in the order of
+// (counter, length(key), key): numeric order for integer keys (index
+// carried_drain_order); the zero value lies before the first.
+type CarriedCursor struct {
+	Counter, Key string
+	Started      bool
+}
+
+// LoadCarriedPage returns up to limit of the slot's carried keys after
+// cursor, in CarriedCursor's order, and the cursor after them. Run it in a
+// flush's transaction, after the checkpoint's row lock was taken.
+func LoadCarriedPage(ctx context.Context, q Querier, slot string, after CarriedCursor, limit int) ([]Carried, CarriedCursor, error) {
+	// Two statements, not one with an OR: a generic plan could not use
+	// the cursor as an index bound, and every page would scan from the
+	// first key.
+	const cols = `SELECT counter, key, delta, since, coalesce(parked_error, ''), retry_at,
+       parked_error IS NULL OR retry_at IS NULL OR retry_at <= now()
+FROM walcount.carried WHERE slot_name = $1`
+	var rows pgx.Rows
+	var err error
+	if after.Started {
+		rows, err = q.Query(ctx, cols+` AND (counter, length(key), key) > ($3::text, length($4::text), $4::text)
+ORDER BY counter, length(key), key LIMIT $2`, slot, limit, after.Counter, after.Key)
+	} else {
+		rows, err = q.Query(ctx, cols+` ORDER BY counter, length(key), key LIMIT $2`, slot, limit)
+	}
+	if err != nil {
+		return nil, after, fmt.Errorf("read carried deltas: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Carried, error) {
+		var c Carried
+		err := row.Scan(&c.Counter, &c.Key, &c.Delta, &c.Since, &c.Parked, &c.RetryAt, &c.Due)
+		return c, err
+	})
+	if err != nil {
+		return nil, after, fmt.Errorf("read carried deltas: %w", err)
+	}
+	if len(out) > 0 {
+		last := out[len(out)-1]
+		after = CarriedCursor{Counter: last.Counter, Key: last.Key, Started: true}
+	}
+	return out, after, nil
+}
+
+// StageTable is the temporary table into which a big flush copies its
+// batch (field, delta) before StageCarried merges it into walcount.carried.
+const StageTable = "walcount_staged"
+
+// CreateStage creates StageTable in tx, dropped at its commit.
+func CreateStage(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE `+StageTable+` (field text NOT NULL, delta bigint NOT NULL) ON COMMIT DROP`); err != nil {
+		return fmt.Errorf("stage the batch: %w", err)
+	}
+	return nil
+}
+
+// CopyStage copies one page of a batch into StageTable. A field may come
+// twice (a page read again), always with the same delta.
+func CopyStage(ctx context.Context, tx pgx.Tx, fields []string, deltas []int64) error {
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{StageTable}, []string{"field", "delta"},
+		pgx.CopyFromSlice(len(fields), func(i int) ([]any, error) { return []any{fields[i], deltas[i]}, nil }))
+	if err != nil {
+		return fmt.Errorf("stage the batch: %w", err)
+	}
+	return nil
+}
+
+// StageCarried merges the staged batch into the slot's carried keys, for
+// the counters named (the deltas of any other counter are dropped: it is
+// no longer configured), and reports how many distinct fields were staged,
+// how many were merged and how many dropped. A staged delta joins a key
+// already carried (deferred or parked alike); a sum of zero deletes the
+// key.
+func StageCarried(ctx context.Context, tx pgx.Tx, slot string, counters []string) (staged, merged, dropped int64, err error) {
+	err = tx.QueryRow(ctx, `SELECT count(DISTINCT field),
+       count(DISTINCT field) FILTER (WHERE split_part(field, ':', 1) <> ALL ($1)) FROM `+StageTable, counters).Scan(&staged, &dropped)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("stage the batch: %w", err)
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO walcount.carried AS c (slot_name, counter, key, delta)
+SELECT $1, s.counter, s.key, s.delta
+FROM (SELECT DISTINCT split_part(field, ':', 1) AS counter, substr(field, strpos(field, ':') + 1) AS key, delta
+      FROM `+StageTable+` WHERE delta <> 0) AS s
+WHERE s.counter = ANY ($2)
+ON CONFLICT (slot_name, counter, key) DO UPDATE SET delta = c.delta + excluded.delta`, slot, counters)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("stage the batch: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM walcount.carried WHERE slot_name = $1 AND delta = 0`, slot); err != nil {
+		return 0, 0, 0, fmt.Errorf("stage the batch: %w", err)
+	}
+	return staged, tag.RowsAffected(), dropped, nil
+}

@@ -165,3 +165,22 @@ func SnapshotCheckpoint(ctx context.Context, tx pgx.Tx, slot string) (snapshot s
 	}
 	return snapshot, w, nil
 }
+
+// LockCheckpoint takes the checkpoint row's lock in tx, as CompareAndSet
+// does, without moving W or its time: a flush that applies carried deltas
+// only (a piece of a big batch) keeps every other flush out with it. It
+// reports false when W is not w.
+func LockCheckpoint(ctx context.Context, tx pgx.Tx, slot string, w LSN) (bool, error) {
+	rows, err := tx.Query(ctx, `SELECT 1 FROM walcount.checkpoint WHERE slot_name = $1 AND lsn = $2::text::pg_lsn FOR UPDATE`, slot, w.String())
+	if err != nil {
+		return false, fmt.Errorf("lock checkpoint: %w", err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("lock checkpoint: %w", err)
+	}
+	return n == 1, nil
+}

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -261,5 +262,76 @@ func TestUpdateCarried(t *testing.T) {
 	}
 	if other, err := LoadCarried(ctx, db, "other"); err != nil || len(other) != 1 {
 		t.Errorf("another slot's keys = %+v, %v", other, err)
+	}
+}
+
+// TestCarriedPagesInKeyOrder: the pieces of a big batch read the carried
+// keys in pages, integer keys in numeric order (neighbouring target rows),
+// each once, by an index scan rather than a sort of the whole table.
+func TestCarriedPagesInKeyOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pool(t)
+	if _, _, err := Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO walcount.carried (slot_name, counter, key, delta)
+SELECT 'pages', c, g::text, 1 FROM generate_series(1, 2500) g, unnest(ARRAY['a', 'b']) c`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `ANALYZE walcount.carried`); err != nil {
+		t.Fatal(err)
+	}
+	var cur CarriedCursor
+	var got []string
+	for {
+		page, next, err := LoadCarriedPage(ctx, db, "pages", cur, 700)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, c := range page {
+			got = append(got, c.Counter+":"+c.Key)
+		}
+		cur = next
+	}
+	if len(got) != 5000 {
+		t.Fatalf("read %d keys in pages, want 5000", len(got))
+	}
+	for i, k := range got {
+		want := fmt.Sprintf("%s:%d", map[bool]string{true: "a", false: "b"}[i < 2500], i%2500+1)
+		if k != want {
+			t.Fatalf("key %d is %s, want %s", i, k, want)
+		}
+	}
+	var plan string
+	// The plan a prepared statement falls back to after a few runs.
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `PREPARE page(text, int, text, text) AS SELECT key FROM walcount.carried WHERE slot_name = $1
+AND (counter, length(key), key) > ($3::text, length($4::text), $4::text) ORDER BY counter, length(key), key LIMIT $2`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE page('pages', 700, 'a', '700')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan += line + "\n"
+	}
+	if !strings.Contains(plan, "carried_drain_order") || strings.Contains(plan, "Sort") {
+		t.Errorf("a page is not read by the index carried_drain_order:\n%s", plan)
 	}
 }

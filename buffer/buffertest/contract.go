@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -40,6 +42,8 @@ func Run(t *testing.T, client Client) {
 		{"StaleHashOfAnEarlierChain", staleHashOfAnEarlierChain},
 		{"MovesRunBeforeTheBatch", movesRunBeforeTheBatch},
 		{"EmptyDeltasStillStamp", emptyDeltasStillStamp},
+		{"HandOverIsPaged", handOverIsPaged},
+		{"ApplyInPartsInterrupted", applyInPartsInterrupted},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -317,5 +321,131 @@ func emptyDeltasStillStamp(t *testing.T, b *buffer.Redis, _ redis.UniversalClien
 	got, ok, err := b.HandOver(ctx, 10)
 	if err != nil || !ok || got.Upto != 40 || len(got.Deltas) != 0 {
 		t.Fatalf("hand-over = %+v %v %v; want an empty flush up to 0/28", got, ok, err)
+	}
+}
+
+// replySizes is a go-redis hook that records, while on, the largest reply
+// (in values) of any command on the buffer's keys.
+type replySizes struct {
+	on  atomic.Bool
+	mu  sync.Mutex
+	max map[string]int
+}
+
+func (h *replySizes) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *replySizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *replySizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if !h.on.Load() {
+			return err
+		}
+		n := 0
+		switch c := cmd.(type) {
+		case *redis.Cmd:
+			if v, ok := c.Val().([]any); ok {
+				n = len(v)
+			}
+		case *redis.StringSliceCmd:
+			n = len(c.Val())
+		case *redis.ScanCmd:
+			keys, _ := c.Val()
+			n = len(keys)
+		case *redis.MapStringStringCmd:
+			n = 2 * len(c.Val())
+		}
+		h.mu.Lock()
+		h.max[cmd.Name()] = max(h.max[cmd.Name()], n)
+		h.max[cmd.Name()+" args"] = max(h.max[cmd.Name()+" args"], len(cmd.Args()))
+		h.mu.Unlock()
+		return err
+	}
+}
+
+// handOverIsPaged: a batch of many keys is handed over by a script whose
+// reply does not grow with it, and read in pages of bounded size (issue
+// 26: one reply of 2 million fields outlived the client's read timeout and
+// kept Redis busy for everyone).
+func handOverIsPaged(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 100, "history"); err != nil {
+		t.Fatal(err)
+	}
+	const keys = 30000
+	hook := &replySizes{max: map[string]int{}}
+	rdb.AddHook(hook)
+	hook.on.Store(true)
+	defer hook.on.Store(false)
+	// One transaction of 30,000 keys: written in parts.
+	ds := make([]counter.Delta, keys)
+	for j := range ds {
+		ds[j] = counter.Delta{Field: fmt.Sprintf("c:%d", j), N: int64(j + 1)}
+	}
+	if ok, err := b.Apply(ctx, 100, 101, nil, ds); err != nil || !ok {
+		t.Fatalf("apply: %v %v", ok, err)
+	}
+	// Again (a replay): nothing is added twice.
+	if ok, err := b.Apply(ctx, 100, 101, nil, ds); err != nil || ok {
+		t.Fatalf("apply again: %v %v", ok, err)
+	}
+	if _, err := b.Apply(ctx, 101, 102, []counter.Move{{Field: "c:0", To: "c:999999"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := b.HandOver(ctx, 100)
+	hook.on.Store(false)
+	if err != nil || !ok || got.Upto != 102 {
+		t.Fatalf("hand-over: ok=%v err=%v upto=%v", ok, err, got.Upto)
+	}
+	if len(got.Deltas) != keys {
+		t.Fatalf("hand-over read %d deltas, want %d", len(got.Deltas), keys)
+	}
+	for i := 1; i < keys; i++ {
+		if got.Deltas[fmt.Sprintf("c:%d", i)] != int64(i+1) {
+			t.Fatalf("c:%d = %d, want %d", i, got.Deltas[fmt.Sprintf("c:%d", i)], i+1)
+		}
+	}
+	if got.Deltas["c:999999"] != 1 || len(got.Moves) != 1 {
+		t.Fatalf("moved delta = %d, moves = %v", got.Deltas["c:999999"], got.Moves)
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	for name, n := range hook.max {
+		// A page of HSCAN holds about its COUNT fields (twice as many
+		// values), a few more where buckets collide; a script call
+		// carries at most MaxApplyFields deltas.
+		if n > max(4*buffer.DefaultScanPage, 2*buffer.MaxApplyFields+16) {
+			t.Errorf("%s: %d values for a batch of %d keys: the writes and the hand-over are not in bounded pieces", name, n, keys)
+		}
+	}
+	if hook.max["hscan"] == 0 {
+		t.Errorf("no HSCAN page read: %v", hook.max)
+	}
+}
+
+// applyInPartsInterrupted: a batch written in parts that was cut off
+// (meta.part left set) is never handed over, and the next batch's write
+// reports the broken chain.
+func applyInPartsInterrupted(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 100, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 100, 101, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// Part 1 of the batch (101, 102] was written, part 2 never was.
+	if err := rdb.HSet(ctx, b.Keys().Meta, "part", buffer.FormatLSN(102)+"/1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := b.Meta(ctx); err != nil || m.Part == "" {
+		t.Fatalf("meta = %+v, %v; want its part", m, err)
+	}
+	if _, ok, err := b.HandOver(ctx, 100); err != nil || ok {
+		t.Fatalf("hand-over during a write in parts: ok=%v err=%v, want nothing handed over", ok, err)
+	}
+	if _, err := b.Apply(ctx, 101, 103, nil, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
+		t.Fatalf("apply after an interrupted write in parts: %v, want buffer.ErrChainBroken", err)
 	}
 }

@@ -18,7 +18,11 @@ const (
 	DefaultPublication       = "walcount"
 	DefaultFlushInterval     = time.Second
 	DefaultHeartbeatInterval = 10 * time.Second
-	DefaultHTTPAddr          = "127.0.0.1:9750"
+
+	// DefaultFlushLockTime is flush_lock_time's default.
+	DefaultFlushLockTime = 200 * time.Millisecond
+
+	DefaultHTTPAddr = "127.0.0.1:9750"
 	// CPUSchedulingBatch and CPUSchedulingNormal are the values of
 	// cpu_scheduling; batch is the default.
 	CPUSchedulingBatch  = "batch"
@@ -70,6 +74,10 @@ type Config struct {
 	// restarts. 0, the default, derives it from the server's
 	// wal_sender_timeout (see cdc.SilenceBound).
 	StreamTimeout time.Duration `yaml:"stream_timeout"`
+	// FlushLockTime is how long one flush transaction goes on updating
+	// counter rows, which it holds locked until its commit, before it
+	// commits and the batch goes on in another (design rule 2).
+	FlushLockTime time.Duration `yaml:"flush_lock_time"`
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz,
 	// /status and /v1/reconcile. Empty disables the HTTP server.
 	HTTPAddr string `yaml:"http_addr"`
@@ -206,6 +214,7 @@ func Default() Config {
 		Publication:       DefaultPublication,
 		FlushInterval:     DefaultFlushInterval,
 		HeartbeatInterval: DefaultHeartbeatInterval,
+		FlushLockTime:     DefaultFlushLockTime,
 		HTTPAddr:          DefaultHTTPAddr,
 		LogLevel:          "info",
 		LogFormat:         LogFormatAuto,

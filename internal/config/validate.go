@@ -44,6 +44,14 @@ const MaxFlushInterval = time.Hour
 // hundred milliseconds would declare a healthy stream on a busy host dead.
 const MinStreamTimeout = time.Second
 
+// MinFlushLockTime and MaxFlushLockTime bound FlushLockTime: below one
+// statement's time every piece would be one statement, above a minute
+// the application's waits would be what the setting is there to prevent.
+const (
+	MinFlushLockTime = 10 * time.Millisecond
+	MaxFlushLockTime = time.Minute
+)
+
 var (
 	// slotName is what PostgreSQL accepts as a replication slot name
 	// (ReplicationSlotValidateName). Publication names are held to the
@@ -157,6 +165,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval <= 0 {
 		add("heartbeat_interval", "%s is out of range: must be more than 0", c.HeartbeatInterval)
+	}
+	if c.FlushLockTime < MinFlushLockTime || c.FlushLockTime > MaxFlushLockTime {
+		add("flush_lock_time", "%s is out of range: must be at least %s and at most %s", c.FlushLockTime, MinFlushLockTime, MaxFlushLockTime)
 	}
 	if c.StreamTimeout < 0 || (c.StreamTimeout > 0 && c.StreamTimeout < MinStreamTimeout) {
 		add("stream_timeout", "%s is out of range: must be 0 (derived from wal_sender_timeout) or at least %s", c.StreamTimeout, MinStreamTimeout)

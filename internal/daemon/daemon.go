@@ -65,6 +65,12 @@ type Options struct {
 	// ParkRetry is how long a parked key waits before a flush tries it
 	// again; zero uses sink.DefaultParkRetry.
 	ParkRetry time.Duration
+	// FlushChunk, FlushTransactionKeys and FlushTransactionTime bound
+	// the flush's statements and transactions (sink.Options ChunkSize,
+	// TransactionKeys and TransactionTime); zero uses the config's
+	// setting, else sink's defaults.
+	FlushChunk, FlushTransactionKeys int
+	FlushTransactionTime             time.Duration
 
 	// replayFromSlot starts streaming at the slot's confirmed position
 	// instead of W, so that tests see the server resend what is applied.

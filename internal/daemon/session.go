@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -93,6 +94,10 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Failpoints: d.opt.Failpoints,
 		FlushLog:   d.flushes,
 		ParkRetry:  d.opt.ParkRetry,
+		ChunkSize:  d.opt.FlushChunk,
+
+		TransactionKeys: d.opt.FlushTransactionKeys,
+		TransactionTime: cmp.Or(d.opt.FlushTransactionTime, d.cfg.FlushLockTime),
 	})
 	if err != nil {
 		return nil, err
@@ -326,6 +331,16 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		// trusted. Nothing past W was acknowledged: replay from W.
 		d.log.Warn("redis buffer was written against another server history; discarding it and replaying from the checkpoint",
 			zap.String("buffer_history", meta.History), zap.String("server_history", history), zap.String(logLSN, f.W().String()))
+		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
+			return 0, err
+		}
+	case meta.Part != "":
+		// A batch written in parts (one big transaction) was cut off:
+		// its parts are in the buffer, the rest is not, and nothing can
+		// tell them from the deltas around them. The slot still has it
+		// all: replay from W.
+		d.log.Warn("a big transaction was only partly written to the redis buffer; discarding it and replaying from the checkpoint",
+			zap.String("part", meta.Part), zap.String(logLSN, f.W().String()))
 		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
 			return 0, err
 		}

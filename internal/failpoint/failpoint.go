@@ -25,6 +25,9 @@ const (
 	AfterCommit = "sink.after-commit"
 	// BeforeAck fires after DEL flushing, before W is handed to cdc.
 	BeforeAck = "sink.before-ack"
+	// BetweenPieces fires after a piece of a big batch committed, before
+	// the next piece begins.
+	BetweenPieces = "sink.between-pieces"
 	// AfterCorrection fires after a reconciliation emitted its
 	// corrections into the WAL, before any flush applied them.
 	AfterCorrection = "reconcile.after-correction"

@@ -183,6 +183,9 @@ type Metrics struct {
 	Flushes prometheus.Counter
 	// FlushErrors counts flushes that failed and will be retried.
 	FlushErrors prometheus.Counter
+	// FlushPieces counts the transactions that applied carried deltas
+	// without a hand-over: the pieces of a big batch (design rule 2).
+	FlushPieces prometheus.Counter
 	// FlushDuration is the duration of one flush, from hand-over to commit.
 	FlushDuration prometheus.Histogram
 	// DeltasFlushed counts non-zero deltas written, by counter.
@@ -302,6 +305,8 @@ func New() *Metrics {
 			"Flushes committed to PostgreSQL."),
 		FlushErrors: counter("flush_errors_total",
 			"Flushes that failed and will be retried."),
+		FlushPieces: counter("flush_pieces_total",
+			"Transactions that applied carried deltas in bounded pieces (a big batch, or what a stopped session left carried)."),
 		FlushDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "flush_duration_seconds",
 			Help:    "Duration of one flush, from taking over the Redis buffer to the PostgreSQL commit.",
@@ -364,7 +369,7 @@ func New() *Metrics {
 		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds, m.AckHeldBytes, m.StandbyWaitSeconds,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
 		m.WaitingForSlot, m.SessionFailures, m.StreamTimeouts,
-		m.Flushes, m.FlushErrors, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
+		m.Flushes, m.FlushErrors, m.FlushPieces, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
 		m.ForgedMessages,
 		m.FlushKeysDeferred, m.FlushOldestDeferredSeconds, m.KeysParked,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,

@@ -59,6 +59,7 @@ try('HEXISTS', KEYS[1], 'f')
 try('EXISTS', KEYS[1])
 try('RENAME', KEYS[1], KEYS[2])
 try('HDEL', KEYS[2], 'f')
+try('UNLINK', KEYS[1])
 try('DEL', KEYS[1], KEYS[2])
 return refused
 `)
@@ -163,7 +164,13 @@ func (r *run) probeRedisACL(ctx context.Context, client redis.UniversalClient, o
 	if err := client.HMGet(ctx, keys.Meta, "lsn").Err(); err != nil && !p.note("hmget", err) {
 		return r.redisCheckFailed("HMGET", err)
 	}
+	// A flush reads its deltas in pages.
+	if err := client.HScan(ctx, keys.Flushing, 0, "", 1).Err(); err != nil && !p.note("hscan", err) {
+		return r.redisCheckFailed("HSCAN", err)
+	}
 	cmds, err := client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.HSet(ctx, key, "probe", 1)
+		pipe.Unlink(ctx, key)
 		pipe.HSet(ctx, key, "probe", 1)
 		pipe.Del(ctx, key)
 		return nil

@@ -14,15 +14,16 @@ const KeyPattern = "~walcount:*"
 // probe of walcount check). Redis checks a script's commands against the
 // ACL of the user that runs the script, so each needs a permission of its
 // own.
-var ScriptCommands = []string{"hget", "hmget", "hset", "hdel", "hincrby", "hgetall", "hlen", "hexists", "exists", "del", "rename"}
+var ScriptCommands = []string{"hget", "hmget", "hset", "hdel", "hincrby", "hgetall", "hlen", "hexists", "exists", "del", "unlink", "rename"}
 
 // ClientCommands are the commands walcount sends itself: PING (/readyz,
 // walcount check), EVALSHA and EVAL (every script: go-redis tries
 // EVALSHA and sends EVAL when the server does not know the script yet),
 // HMGET (reading the meta hash), MULTI, EXEC, DEL and HSET (a reset of
-// the buffer), HSET (a note in the meta hash) and HSET and DEL (walcount
-// check's write probe).
-var ClientCommands = []string{"ping", "evalsha", "eval", "hmget", "multi", "exec", "del", "hset"}
+// the buffer, UNLINK frees a big one off Redis's main thread), HSET (a
+// note in the meta hash), HSCAN (a flush reads its deltas in pages) and
+// HSET and DEL (walcount check's write probe).
+var ClientCommands = []string{"ping", "evalsha", "eval", "hmget", "multi", "exec", "del", "unlink", "hset", "hscan"}
 
 // OptionalCommands are refused without harm: CONFIG GET reads the
 // eviction policy, and walcount says nothing about it when it may not.

@@ -1,0 +1,11 @@
+-- Version 5: the order in which a big batch's carried keys are applied
+-- (design rule 2, "Big batches go in pieces").
+--
+-- A batch of more keys than one flush transaction may update is staged in
+-- walcount.carried and applied in pieces, each the next keys in this
+-- index's order. For integer keys (the usual target key) (length, text)
+-- is numeric order, so a piece updates neighbouring target rows, a few heap
+-- pages, instead of keys spread over the whole table as the primary key's
+-- text order ('1', '10', '100', ...) would pick them. Any other key type is
+-- still totally ordered by it.
+CREATE INDEX carried_drain_order ON walcount.carried (slot_name, counter, length(key), key);
