@@ -66,19 +66,27 @@ type FlushLog interface {
 	Seen(upto, at cdc.LSN, piece string) (deltas map[string]int64, missed map[string]bool, ok bool)
 }
 
-// DegradedFunc is told when a counter can no longer be kept from the
-// stream (degraded, with why: its source's replica identity lost a column
-// it reads), and when it can again. The daemon marks the counter dirty at
-// the first and lets reconciliation repair it after the second.
-type DegradedFunc func(counter string, degraded bool, why string) error
-
-// DirtyFunc marks counter keys (buffer fields) dirty, durably, with the
-// cause: walcount cannot vouch for them and reconciliation must measure
-// them (design rule 14).
-type DirtyFunc func(fields []string, cause string) error
-
-// DirtyCountersFunc marks whole counters dirty, durably, with the cause.
-type DirtyCountersFunc func(counters []string, cause string) error
+// Marks records, durably, what walcount cannot vouch for, so that
+// reconciliation measures it (design rule 14): counter keys (buffer
+// fields) or whole counters marked dirty, and a counter that can no longer
+// be kept from the stream (degraded, with why: its source's replica
+// identity lost a column it reads), or can again (the daemon marks it
+// dirty at the first and lets reconciliation repair it after the second).
+//
+// Dirty, DirtyCounters and Degraded only enqueue: they never wait for
+// PostgreSQL, and return an error only when an earlier write has already
+// failed. Sync waits until every mark enqueued before it is written and
+// returns the first write error. The aggregator calls Sync before it hands
+// a transaction to Redis (Buffer.Apply, Barrierer.Barrier): a restart
+// skips the transactions Redis holds, so a mark caused by one must be
+// durable before it is there, and so before W can pass it. A write error
+// ends the session, as the synchronous write did.
+type Marks interface {
+	Dirty(fields []string, cause string) error
+	DirtyCounters(counters []string, cause string) error
+	Degraded(counter string, degraded bool, why string) error
+	Sync(ctx context.Context) error
+}
 
 // Options configure an Aggregator.
 type Options struct {
@@ -98,15 +106,12 @@ type Options struct {
 	// already holds (meta.lsn): the chain continues from it and every
 	// transaction ending at or before it is skipped.
 	Start cdc.LSN
-	// Commits, Messages, Observe, Flushes and Dirty are optional.
+	// Commits, Messages, Observe, Flushes and Marks are optional.
 	Commits  CommitRecorder
 	Messages MessageHandler
 	Observe  TxnObserver
 	Flushes  FlushLog
-	Dirty    DirtyFunc
-	// DirtyCounters marks whole counters dirty; required with Dirty.
-	DirtyCounters DirtyCountersFunc
-	Degraded      DegradedFunc
+	Marks    Marks
 	// WasDegraded are the counters an earlier session reported degraded:
 	// the first binding that finds their source's identity whole again
 	// reports them keepable.
@@ -474,10 +479,10 @@ func (a *Aggregator) reportDegraded(r *rule) error {
 	} else {
 		a.log.Info("a counter can be kept from the stream again", zap.String("counter", r.counter))
 	}
-	if a.opt.Degraded == nil {
+	if a.opt.Marks == nil {
 		return nil
 	}
-	return a.opt.Degraded(r.counter, r.degraded, r.why)
+	return a.opt.Marks.Degraded(r.counter, r.degraded, r.why)
 }
 
 func degradedSet(names []string) map[string]bool {
@@ -523,6 +528,9 @@ func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 		for f, n := range a.txn.all() {
 			deltas = append(deltas, counter.Delta{Field: f, N: n})
 		}
+		if err := a.syncMarks(ctx); err != nil {
+			return err
+		}
 		if err := a.opt.Barrier.Barrier(ctx, ev.LSN, reset, deltas); err != nil {
 			return fmt.Errorf("truncate barrier at %s: %w", ev.LSN, err)
 		}
@@ -559,8 +567,8 @@ func (a *Aggregator) markUnvouched() error {
 		names := slices.Sorted(maps.Keys(a.stray))
 		a.log.Warn("an append_only source took an UPDATE or DELETE: it is not counted, the counter is marked dirty and reconciliation makes it exact; if the table does take updates, remove append_only and give it a replica identity that carries the counter's columns",
 			zap.Strings("counters", names), zap.String("source", a.stray[names[0]]))
-		if a.opt.DirtyCounters != nil {
-			if err := a.opt.DirtyCounters(names, "its source is declared append_only but took an UPDATE or DELETE, which walcount does not count"); err != nil {
+		if a.opt.Marks != nil {
+			if err := a.opt.Marks.DirtyCounters(names, "its source is declared append_only but took an UPDATE or DELETE, which walcount does not count"); err != nil {
 				return err
 			}
 		}
@@ -588,15 +596,15 @@ func (a *Aggregator) markUnvouched() error {
 	if len(whole) > 0 {
 		a.log.Warn("a target table was truncated, or filled with rows whose counters already hold values: walcount marks the counters dirty and reconciliation makes them exact",
 			zap.Strings("counters", whole))
-		if a.opt.DirtyCounters != nil {
-			if err := a.opt.DirtyCounters(whole, "the target table was truncated or restored: its rows are new, and their counters hold values walcount did not count"); err != nil {
+		if a.opt.Marks != nil {
+			if err := a.opt.Marks.DirtyCounters(whole, "the target table was truncated or restored: its rows are new, and their counters hold values walcount did not count"); err != nil {
 				return err
 			}
 		}
 	}
-	if len(fields) > 0 && a.opt.Dirty != nil {
+	if len(fields) > 0 && a.opt.Marks != nil {
 		slices.Sort(fields)
-		if err := a.opt.Dirty(fields, "a target row was inserted with a non-zero counter value (a restore or a copy): walcount cannot tell what it already counts"); err != nil {
+		if err := a.opt.Marks.Dirty(fields, "a target row was inserted with a non-zero counter value (a restore or a copy): walcount cannot tell what it already counts"); err != nil {
 			return err
 		}
 	}
@@ -607,6 +615,9 @@ func (a *Aggregator) markUnvouched() error {
 func (a *Aggregator) writePending(ctx context.Context) error {
 	if a.pendingTxns == 0 || a.pendingLast <= a.prev {
 		return nil
+	}
+	if err := a.syncMarks(ctx); err != nil {
+		return err
 	}
 	a.scratch = a.scratch[:0]
 	for f, n := range a.pending.all() {
@@ -620,4 +631,13 @@ func (a *Aggregator) writePending(ctx context.Context) error {
 	a.pending.reset()
 	a.pendingTxns = 0
 	return a.opt.Failpoints.Inject(failpoint.AfterApply)
+}
+
+// syncMarks waits until the marks of the transactions about to go to
+// Redis are written (see Marks).
+func (a *Aggregator) syncMarks(ctx context.Context) error {
+	if a.opt.Marks == nil {
+		return nil
+	}
+	return a.opt.Marks.Sync(ctx)
 }

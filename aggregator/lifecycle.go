@@ -325,8 +325,8 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 		a.log.Info("a flush crossed a change of its target row; its delta goes to the row it was counted for",
 			zap.String("field", f), zap.String("to", should), zap.Int64("delta", d))
 	}
-	if len(dirty) > 0 && a.opt.Dirty != nil {
-		if err := a.opt.Dirty(dirty, "a flush crossed a change of the target row and walcount restarted before it could follow it"); err != nil {
+	if len(dirty) > 0 && a.opt.Marks != nil {
+		if err := a.opt.Marks.Dirty(dirty, "a flush crossed a change of the target row and walcount restarted before it could follow it"); err != nil {
 			return true, err
 		}
 	}

@@ -92,10 +92,10 @@ func TestRuleErrors(t *testing.T) {
 	// Inserts still count; deletes cannot be attributed and are left to
 	// the reconciliation the daemon runs once the identity is back.
 	var reports []string
-	a := New(Options{Counters: []counter.Counter{countAll}, Degraded: func(c string, degraded bool, why string) error {
+	a := New(Options{Counters: []counter.Counter{countAll}, Marks: degradedMarks(func(c string, degraded bool, why string) error {
 		reports = append(reports, fmt.Sprintf("%s %v %s", c, degraded, why))
 		return nil
-	}})
+	})})
 	ev := cdc.Event{Kind: cdc.KindChange, Op: cdc.OpInsert, Rel: byDefault, New: cdc.Tuple{Cols: []cdc.Value{txt("1"), txt("2")}}}
 	if err := a.change(&ev); err != nil {
 		t.Fatalf("insert under a default identity without post_id: %v", err)
@@ -407,3 +407,13 @@ func TestRunCoalescesSingleRowTransactions(t *testing.T) {
 		t.Fatalf("%d Redis writes up to %s for 100 single-row transactions fed one by one; want a few coalesced ones covering all", n, a.Position())
 	}
 }
+
+// degradedMarks is a Marks that hands Degraded to a func and drops the rest.
+type degradedMarks func(counter string, degraded bool, why string) error
+
+func (f degradedMarks) Dirty([]string, string) error         { return nil }
+func (f degradedMarks) DirtyCounters([]string, string) error { return nil }
+func (f degradedMarks) Degraded(c string, degraded bool, why string) error {
+	return f(c, degraded, why)
+}
+func (f degradedMarks) Sync(context.Context) error { return nil }

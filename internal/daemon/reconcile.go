@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/sink"
 	"github.com/walcount/walcount/slot"
@@ -123,26 +122,6 @@ func (d *Daemon) busy() bool {
 	return s != nil && s.QueueDepth() > 1
 }
 
-// markDirty records buffer fields ("counter:key") as dirty keys, for
-// reconciliation to measure (design rule 14).
-func (d *Daemon) markDirty(fields []string, cause string) error {
-	byCounter := map[string][]string{}
-	for _, f := range fields {
-		if name, key, ok := counter.SplitField(f); ok {
-			byCounter[name] = append(byCounter[name], key)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for name, keys := range byCounter {
-		if err := state.MarkDirty(ctx, d.pool, d.cfg.Slot, name, keys, cause); err != nil {
-			return err
-		}
-		d.log.Warn("keys marked dirty: reconciliation will measure them", zap.String("counter", name), zap.Int("keys", len(keys)), zap.String("cause", cause))
-	}
-	return nil
-}
-
 // markCountersDirty records whole counters as dirty, for reconciliation
 // to measure every key (design rule 14).
 func (d *Daemon) markCountersDirty(names []string, cause string) error {
@@ -155,25 +134,6 @@ func (d *Daemon) markCountersDirty(names []string, cause string) error {
 		d.log.Warn("counter marked dirty: reconciliation will measure every key", zap.String("counter", name), zap.String("cause", cause))
 	}
 	return nil
-}
-
-// markDegraded is the aggregator's DegradedFunc: a counter that cannot be
-// kept from the stream is marked dirty, durably, before the changes it
-// skips are acknowledged; once it can be kept again, the reconciler repairs
-// it (design rule 14).
-func (d *Daemon) markDegraded(name string, degraded bool, why string) error {
-	d.mu.Lock()
-	if d.state.degraded == nil {
-		d.state.degraded = map[string]bool{}
-	}
-	d.state.degraded[name] = degraded
-	d.mu.Unlock()
-	if !degraded {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	return state.MarkDirty(ctx, d.pool, d.cfg.Slot, name, nil, why)
 }
 
 // recreateSlot replaces a lost or missing slot (on_slot_loss: recreate):

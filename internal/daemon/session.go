@@ -228,15 +228,17 @@ func (s *liveSession) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Dirty and degraded marks are written off the aggregator's
+	// goroutine; it waits for them only before it hands the transactions
+	// that caused them to Redis (aggregator.Marks).
+	marks := newMarkWriter(d, d.writeMark)
 	agg := aggregator.New(aggregator.Options{
-		Slot:          d.cfg.Slot,
-		Counters:      d.cfg.Counters,
-		Relations:     rels,
-		Derived:       derived,
-		Flushes:       d.flushes,
-		Dirty:         d.markDirty,
-		DirtyCounters: d.markCountersDirty,
-		Degraded:      d.markDegraded,
+		Slot:      d.cfg.Slot,
+		Counters:  d.cfg.Counters,
+		Relations: rels,
+		Derived:   derived,
+		Flushes:   d.flushes,
+		Marks:     marks,
 		// A counter degraded in an earlier session stays so until this
 		// one sees its source's identity carry the column again.
 		WasDegraded: d.degradedCounters(),
@@ -273,6 +275,7 @@ func (s *liveSession) run(ctx context.Context) error {
 		defer stopWork()
 		return agg.Run(workCtx, s.stream.Batches(), s.stream.Release)
 	})
+	g.Go(func() error { return marks.run(workCtx) })
 	g.Go(func() error { return s.flusher.Run(workCtx, d.cfg.FlushInterval) })
 	g.Go(func() error { return s.gate.Run(workCtx) })
 	g.Go(func() error { return d.watchRelations(workCtx, bound) })
