@@ -1,21 +1,16 @@
 package deploy_test
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // toolsCache is where scripts/ensure-deps.sh puts the tools it extracts
 // or builds rather than installs (WALCOUNT_TOOLS_CACHE).
-func toolsCache() string {
-	if d := os.Getenv("WALCOUNT_TOOLS_CACHE"); d != "" {
-		return d
-	}
-	return "/var/tmp/walcount/tools"
-}
+func toolsCache() string { return testenv.ToolsCache() }
 
 // promtool returns the path of the promtool binary: the one in PATH, else
 // the one make deps extracted into the tools cache. The rules are only
@@ -23,15 +18,11 @@ func toolsCache() string {
 // the test instead of skipping it.
 func promtool(t *testing.T) string {
 	t.Helper()
-	if path, err := exec.LookPath("promtool"); err == nil {
-		return path
+	path, err := testenv.Promtool()
+	if err != nil {
+		t.Fatal(err)
 	}
-	cached := filepath.Join(toolsCache(), "bin", "promtool")
-	if _, err := os.Stat(cached); err != nil {
-		t.Fatalf("promtool is neither in PATH nor at %s: run make deps (scripts/ensure-deps.sh test), "+
-			"which extracts it from Debian's prometheus package without installing that", cached)
-	}
-	return cached
+	return path
 }
 
 func runPromtool(t *testing.T, args ...string) {

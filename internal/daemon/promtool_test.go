@@ -6,18 +6,20 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // TestPromtoolCheckMetrics runs `promtool check metrics` (Prometheus's
 // linter of names, types and help) on a live daemon's /metrics after a
 // workload, when every series exists: it must find no problem. promtool
-// is found in PATH, as deploy/promtool_test.go finds it, and a missing
-// one fails the test.
+// is found in PATH or in make deps' tools cache, as deploy's tests find
+// it, and a missing one fails the test.
 func TestPromtoolCheckMetrics(t *testing.T) {
 	t.Parallel()
-	promtool, err := exec.LookPath("promtool")
+	promtool, err := testenv.Promtool()
 	if err != nil {
-		t.Fatalf("promtool not found in PATH (scripts/ensure-deps.sh installs it): %v", err)
+		t.Fatal(err)
 	}
 	e := newEnv(t)
 	s := e.serve()
