@@ -26,8 +26,8 @@ type redisAccess struct {
 }
 
 // redisConn is one connection for the package's own administrative
-// commands: a go-redis client with a single connection, no retries and
-// RESP2, so that readiness polling sees every failure of a node that comes
+// commands: a go-redis client with a single connection, no retries (of
+// commands or dials) and RESP2, so that readiness polling sees every failure of a node that comes
 // and goes instead of a retry hiding it.
 type redisConn struct {
 	c *redis.Client
@@ -46,6 +46,7 @@ func dialRedis(ctx context.Context, addr string, a redisAccess) (*redisConn, err
 		Protocol:              2,
 		DisableIdentity:       true,
 		MaxRetries:            -1,
+		DialerRetries:         1,
 		PoolSize:              1,
 		DialTimeout:           redisCommandTimeout,
 		ReadTimeout:           redisCommandTimeout,
