@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,21 +28,51 @@ type redisAccess struct {
 }
 
 // redisConn is one connection for the package's own administrative
-// commands: a go-redis client with a single connection, no retries (of
-// commands or dials) and RESP2, so that readiness polling sees every failure of a node that comes
-// and goes instead of a retry hiding it.
+// commands: a go-redis client with a single connection, no retries and
+// RESP2, so that readiness polling sees every failure of a node that comes
+// and goes instead of a retry hiding it. The connection is dialled here
+// and handed to go-redis, so that a node that is down fails the dial
+// quietly: go-redis's own dials write every failure to its process-wide
+// logger, which the daemon's tests route (internal/redisconn).
 type redisConn struct {
 	c *redis.Client
 }
+
+// errRedisConnUsed is what go-redis gets if it dials a second time (the
+// handed-over connection broke): the caller dials again.
+var errRedisConnUsed = errors.New("administrative connection already used")
 
 // dialRedis connects to addr, performs the TLS handshake when a.tls is set,
 // and authenticates when a.password is set. Every command, the dial
 // included, is bounded by the earlier of ctx's deadline and
 // redisCommandTimeout.
 func dialRedis(ctx context.Context, addr string, a redisAccess) (*redisConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, redisCommandTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if a.tls != nil {
+		tc := tls.Client(conn, a.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("tls handshake with %s: %w", addr, err)
+		}
+		conn = tc
+	}
+	var once sync.Once
 	c := redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		TLSConfig:             a.tls,
+		Addr: addr,
+		Dialer: func(context.Context, string, string) (net.Conn, error) {
+			err := errRedisConnUsed
+			once.Do(func() { err = nil })
+			if err != nil {
+				return nil, err
+			}
+			return conn, nil
+		},
 		Username:              a.user,
 		Password:              a.password,
 		Protocol:              2,
@@ -48,20 +80,17 @@ func dialRedis(ctx context.Context, addr string, a redisAccess) (*redisConn, err
 		MaxRetries:            -1,
 		DialerRetries:         1,
 		PoolSize:              1,
-		DialTimeout:           redisCommandTimeout,
 		ReadTimeout:           redisCommandTimeout,
 		WriteTimeout:          redisCommandTimeout,
 		ContextTimeoutEnabled: true,
 	})
-	rc := &redisConn{c: c}
-	ctx, cancel := context.WithTimeout(ctx, redisCommandTimeout)
-	defer cancel()
-	// Dial, handshake and AUTH now, so that their failures are the dial's.
+	// AUTH now, so that its failure is the dial's.
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
+		conn.Close()
 		return nil, fmt.Errorf("connect to %s: %w", addr, err)
 	}
-	return rc, nil
+	return &redisConn{c: c}, nil
 }
 
 // Close closes the connection.
