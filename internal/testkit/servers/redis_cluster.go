@@ -80,9 +80,9 @@ type RedisCluster struct {
 // in parallel, each in its own directory with its own nodes.conf, joins
 // them into a cluster (node i < Masters serves the i-th share of the
 // slots; redis-cli picks which master each replica follows), and waits
-// until every node reports cluster_state:ok, all nodes agree on who serves which slots and
-// every replica's link to its master is up. ctx bounds the start; with no
-// deadline, DefaultStartTimeout applies.
+// until every node reports cluster_state:ok, all nodes agree on who
+// serves which slots and every replica's link to its master is up. ctx
+// bounds the start; with no deadline, DefaultStartTimeout applies.
 //
 // The cluster is joined by `redis-cli --cluster create` (Debian's
 // redis-tools, a dependency of redis-server), which gives the nodes
