@@ -3,7 +3,8 @@
 # installed, and no more:
 #
 #   demo, bench  go, PostgreSQL >= 14 server binaries (initdb, postgres,
-#                pg_ctl) and redis-server
+#                pg_ctl), redis-server and redis-cli (the test kit joins a
+#                Redis Cluster with redis-cli --cluster create)
 #   test         the same, promtool (the alert rules' tests),
 #                systemd-analyze (the systemd unit's test) and pgbouncer
 #                (the pooler tests start their own on a random port); the
@@ -64,6 +65,10 @@ have_redis() {
 	command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || [ -x /usr/local/bin/redis-server ]
 }
 
+have_redis_cli() {
+	command -v redis-cli >/dev/null 2>&1 || [ -x /usr/bin/redis-cli ] || [ -x /usr/local/bin/redis-cli ]
+}
+
 have_pgbouncer() {
 	command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]
 }
@@ -113,7 +118,12 @@ missing() {
 	for t in $tools; do
 		case $t in
 		postgres) have_postgres || pkgs="$pkgs postgresql" ;;
-		redis) have_redis || pkgs="$pkgs redis-server" ;;
+		redis)
+			have_redis || pkgs="$pkgs redis-server"
+			# Debian's redis-server depends on redis-tools, which has
+			# redis-cli; a redis-server from elsewhere may come without.
+			have_redis_cli || pkgs="$pkgs redis-tools"
+			;;
 		systemd-analyze) have_systemd_analyze || pkgs="$pkgs systemd" ;;
 		pgbouncer) have_pgbouncer || pkgs="$pkgs pgbouncer" ;;
 		esac
@@ -127,6 +137,7 @@ describe() {
 		case $p in
 		postgresql) echo "  - PostgreSQL >= $MIN_PG server binaries (initdb, postgres, pg_ctl): package postgresql" ;;
 		redis-server) echo "  - redis-server: package redis-server" ;;
+		redis-tools) echo "  - redis-cli: package redis-tools" ;;
 		systemd) echo "  - systemd-analyze, for the systemd unit's test: package systemd" ;;
 		pgbouncer) echo "  - pgbouncer, for the connection pooler tests: package pgbouncer" ;;
 		esac

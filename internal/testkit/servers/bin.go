@@ -177,3 +177,19 @@ func findRedisBin() (string, error) {
 	}
 	return "", fmt.Errorf("find redis-server: %w", ErrNoRedis)
 }
+
+// findRedisCLI returns the redis-cli next to redis-server, or the one in
+// PATH.
+func findRedisCLI() (string, error) {
+	if srv, err := findRedisBin(); err == nil {
+		p := filepath.Join(filepath.Dir(srv), "redis-cli")
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("redis-cli"); err == nil {
+		return p, nil
+	}
+	return "", errors.New("find redis-cli: not next to redis-server nor in PATH: " +
+		"install it with `apt-get install redis-tools`")
+}

@@ -1,9 +1,7 @@
 package servers
 
 import (
-	"bufio"
 	"reflect"
-	"strings"
 	"testing"
 )
 
@@ -54,24 +52,6 @@ func TestNewRedisSecurityRejects(t *testing.T) {
 		if _, err := newRedisSecurity(nil, tc.requireCert, tc.users, tc.password, tc.disableDefault); err == nil {
 			t.Errorf("%s: newRedisSecurity succeeded, want an error", name)
 		}
-	}
-}
-
-func TestReadRedisReply(t *testing.T) {
-	in := "+OK\r\n-ERR bad\r\n:42\r\n$5\r\nhello\r\n$-1\r\n*2\r\n$1\r\na\r\n:1\r\n*-1\r\n"
-	r := bufio.NewReader(strings.NewReader(in))
-	want := []any{"OK", redisReplyError("ERR bad"), int64(42), "hello", nil, []any{"a", int64(1)}, nil}
-	for i, w := range want {
-		got, err := readRedisReply(r)
-		if err != nil {
-			t.Fatalf("reply %d: %v", i, err)
-		}
-		if !reflect.DeepEqual(got, w) {
-			t.Errorf("reply %d = %#v, want %#v", i, got, w)
-		}
-	}
-	if _, err := readRedisReply(bufio.NewReader(strings.NewReader("?x\r\n"))); err == nil {
-		t.Error("unknown reply type accepted")
 	}
 }
 

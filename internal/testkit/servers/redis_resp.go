@@ -1,16 +1,16 @@
 package servers
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // redisCommandTimeout bounds one administrative command (dial, handshake,
@@ -27,85 +27,90 @@ type redisAccess struct {
 	password string      // "": no AUTH
 }
 
-// redisReplyError is an error reply (-ERR ..., -NOPERM ...) of a server.
-type redisReplyError string
-
-func (e redisReplyError) Error() string { return string(e) }
-
-// redisConn is a minimal RESP2 client for the package's own administrative
-// commands. go-redis is not used for them because its pools, retries and
-// background goroutines would hide exactly the failures that readiness
-// polling has to see, and a topology is polled against nodes that come and
-// go.
+// redisConn is one connection for the package's own administrative
+// commands: a go-redis client with a single connection, no retries and
+// RESP2, so that readiness polling sees every failure of a node that comes
+// and goes instead of a retry hiding it. The connection is dialled here
+// and handed to go-redis, so that a node that is down fails the dial
+// quietly: go-redis's own dials write every failure to its process-wide
+// logger, which the daemon's tests route (internal/redisconn).
 type redisConn struct {
-	c net.Conn
-	r *bufio.Reader
+	c *redis.Client
 }
 
+// errRedisConnUsed is what go-redis gets if it dials a second time (the
+// handed-over connection broke): the caller dials again.
+var errRedisConnUsed = errors.New("administrative connection already used")
+
 // dialRedis connects to addr, performs the TLS handshake when a.tls is set,
-// and authenticates when a.password is set. The connection's deadline is
-// the earlier of ctx's deadline and redisCommandTimeout from now; do resets
-// it for every command.
+// and authenticates when a.password is set. Every command, the dial
+// included, is bounded by the earlier of ctx's deadline and
+// redisCommandTimeout.
 func dialRedis(ctx context.Context, addr string, a redisAccess) (*redisConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, redisCommandTimeout)
 	defer cancel()
 	var d net.Dialer
-	raw, err := d.DialContext(ctx, "tcp", addr)
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	c := raw
 	if a.tls != nil {
-		tc := tls.Client(raw, a.tls)
+		tc := tls.Client(conn, a.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
-			raw.Close()
+			conn.Close()
 			return nil, fmt.Errorf("tls handshake with %s: %w", addr, err)
 		}
-		c = tc
+		conn = tc
 	}
-	rc := &redisConn{c: c, r: bufio.NewReader(c)}
-	if a.password != "" {
-		args := []string{"AUTH", a.password}
-		if a.user != "" {
-			args = []string{"AUTH", a.user, a.password}
-		}
-		if _, err := rc.do(ctx, args...); err != nil {
-			rc.Close()
-			return nil, fmt.Errorf("auth on %s: %w", addr, err)
-		}
+	var once sync.Once
+	c := redis.NewClient(&redis.Options{
+		Addr: addr,
+		Dialer: func(context.Context, string, string) (net.Conn, error) {
+			err := errRedisConnUsed
+			once.Do(func() { err = nil })
+			if err != nil {
+				return nil, err
+			}
+			return conn, nil
+		},
+		Username:              a.user,
+		Password:              a.password,
+		Protocol:              2,
+		DisableIdentity:       true,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		PoolSize:              1,
+		ReadTimeout:           redisCommandTimeout,
+		WriteTimeout:          redisCommandTimeout,
+		ContextTimeoutEnabled: true,
+	})
+	// AUTH now, so that its failure is the dial's.
+	if err := c.Ping(ctx).Err(); err != nil {
+		c.Close()
+		conn.Close()
+		return nil, fmt.Errorf("connect to %s: %w", addr, err)
 	}
-	return rc, nil
+	return &redisConn{c: c}, nil
 }
 
 // Close closes the connection.
 func (c *redisConn) Close() error { return c.c.Close() }
 
-// do sends one command and reads its reply. An error reply is returned as
-// a redisReplyError; nil replies are returned as nil.
+// do sends one command and reads its reply: a string for simple and bulk
+// strings, int64 for integers, []any for arrays, nil for nil replies. An
+// error reply is returned as an error.
 func (c *redisConn) do(ctx context.Context, args ...string) (any, error) {
-	deadline := time.Now().Add(redisCommandTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+	ctx, cancel := context.WithTimeout(ctx, redisCommandTimeout)
+	defer cancel()
+	a := make([]any, len(args))
+	for i, s := range args {
+		a[i] = s
 	}
-	if err := c.c.SetDeadline(deadline); err != nil {
-		return nil, err
+	v, err := c.c.Do(ctx, a...).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := io.WriteString(c.c, b.String()); err != nil {
-		return nil, err
-	}
-	v, err := readRedisReply(c.r)
-	if err != nil {
-		return nil, err
-	}
-	if e, ok := v.(redisReplyError); ok {
-		return nil, e
-	}
-	return v, nil
+	return v, err
 }
 
 // doString runs a command whose reply is a string (simple or bulk).
@@ -119,67 +124,6 @@ func (c *redisConn) doString(ctx context.Context, args ...string) (string, error
 		return "", fmt.Errorf("%s: unexpected reply %T", args[0], v)
 	}
 	return s, nil
-}
-
-// maxRedisBulk bounds a bulk string this client accepts; administrative
-// replies are small, and a garbled length must not allocate gigabytes.
-const maxRedisBulk = 64 << 20
-
-// readRedisReply reads one RESP2 value: a string for simple and bulk
-// strings, int64 for integers, []any for arrays, nil for nil replies and a
-// redisReplyError for errors (nested ones included).
-func readRedisReply(r *bufio.Reader) (any, error) {
-	line, err := r.ReadString('\n')
-	if err != nil {
-		return nil, err
-	}
-	line = strings.TrimSuffix(line, "\r\n")
-	if line == "" {
-		return nil, errors.New("resp: empty line")
-	}
-	body := line[1:]
-	switch line[0] {
-	case '+':
-		return body, nil
-	case '-':
-		return redisReplyError(body), nil
-	case ':':
-		n, err := strconv.ParseInt(body, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("resp: bad integer %q", body)
-		}
-		return n, nil
-	case '$':
-		n, err := strconv.Atoi(body)
-		if err != nil || n > maxRedisBulk {
-			return nil, fmt.Errorf("resp: bad bulk length %q", body)
-		}
-		if n < 0 {
-			return nil, nil
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return nil, err
-		}
-		return string(buf[:n]), nil
-	case '*':
-		n, err := strconv.Atoi(body)
-		if err != nil || n > maxRedisBulk {
-			return nil, fmt.Errorf("resp: bad array length %q", body)
-		}
-		if n < 0 {
-			return nil, nil
-		}
-		out := make([]any, n)
-		for i := range out {
-			if out[i], err = readRedisReply(r); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
-	default:
-		return nil, fmt.Errorf("resp: unexpected reply type %q", line[0])
-	}
 }
 
 // redisDo dials addr, runs one command and closes the connection.
