@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -113,3 +114,48 @@ func StartError(ctx context.Context, q Querier, name string, cause error) error 
 	}
 	return cause
 }
+
+// Info is the slot's row of pg_replication_slots as walcount check reads
+// it.
+type Info struct {
+	Plugin, Type  string
+	Database      *string
+	Active        bool
+	RestartLSN    *string
+	ConfirmedLSN  *string
+	WALStatus     *string
+	InactiveSince *time.Time // PostgreSQL 17+
+	Failover      bool       // PostgreSQL 17+
+}
+
+// ReadInfo reads the slot name's row on a server of version v; nil, nil
+// when the slot does not exist.
+func ReadInfo(ctx context.Context, q Querier, v pgversion.Version, name string) (*Info, error) {
+	var s Info
+	inactiveSince, failover := "NULL::timestamptz", "false"
+	if v.SlotInvalidationReason() {
+		inactiveSince = "inactive_since"
+	}
+	if v.FailoverSlots() {
+		failover = "failover"
+	}
+	err := q.QueryRow(ctx, `
+SELECT coalesce(plugin, ''), slot_type, database, active,
+       restart_lsn::text, confirmed_flush_lsn::text, wal_status, `+inactiveSince+`, `+failover+`
+FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(
+		&s.Plugin, &s.Type, &s.Database, &s.Active, &s.RestartLSN, &s.ConfirmedLSN, &s.WALStatus, &s.InactiveSince, &s.Failover)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// InitCheckpointSQL is the statement that starts walcount's checkpoint
+// (state's walcount.checkpoint) at the consistent point of the new slot
+// $1; setup runs it after the slot's creation and --print-sql shows it.
+const InitCheckpointSQL = `INSERT INTO walcount.checkpoint (slot_name, lsn, updated_at)
+SELECT $1, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = $1
+ON CONFLICT (slot_name) DO UPDATE SET lsn = excluded.lsn, updated_at = now()`

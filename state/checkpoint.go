@@ -103,13 +103,6 @@ func DeleteCheckpoint(ctx context.Context, q Querier, slot string) error {
 	return nil
 }
 
-// InitCheckpointFromSlotSQL is the statement walcount setup --print-sql
-// shows for a new slot: the checkpoint starts at the slot's consistent
-// point. $1 is the slot name.
-const InitCheckpointFromSlotSQL = `INSERT INTO walcount.checkpoint (slot_name, lsn, updated_at)
-SELECT $1, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = $1
-ON CONFLICT (slot_name) DO UPDATE SET lsn = excluded.lsn, updated_at = now()`
-
 // Access says what the current role may do with walcount's state.
 type Access struct {
 	// Exists is false when the checkpoint table does not exist.

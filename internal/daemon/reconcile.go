@@ -155,7 +155,7 @@ func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
 		return err
 	}
 	defer sconn.Release()
-	if _, err := sconn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, d.cfg.Slot); err != nil {
+	if err := slot.DropInactive(ctx, sconn, d.cfg.Slot); err != nil {
 		return fmt.Errorf("drop the lost slot: %w", err)
 	}
 	var primary slot.Execer

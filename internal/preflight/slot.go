@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
 
@@ -26,26 +27,15 @@ type slotInfo struct {
 
 // lookupSlot reads the slot into r.slot (nil when it does not exist).
 func (r *run) lookupSlot() error {
-	var s slotInfo
-	inactiveSince, failover := "NULL::timestamptz", "false"
-	if r.version.SlotInvalidationReason() {
-		inactiveSince = "inactive_since"
-	}
-	if r.version.FailoverSlots() {
-		failover = "failover"
-	}
-	err := r.slotConn.QueryRow(r.ctx, `
-SELECT coalesce(plugin, ''), slot_type, database, active,
-       restart_lsn::text, confirmed_flush_lsn::text, wal_status, `+inactiveSince+`, `+failover+`
-FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(
-		&s.plugin, &s.slotType, &s.database, &s.active, &s.restartLSN, &s.confirmedLSN, &s.walStatus, &s.inactiveSince, &s.failover)
-	if errNoRows(err) {
-		return nil
-	}
+	i, err := slot.ReadInfo(r.ctx, r.slotConn, r.version, r.cfg.Slot)
 	if err != nil {
 		return r.queryFailed(CheckSlot, "slot "+r.cfg.Slot, err)
 	}
-	r.slot = &s
+	if i != nil {
+		r.slot = &slotInfo{plugin: i.Plugin, slotType: i.Type, database: i.Database, active: i.Active,
+			restartLSN: i.RestartLSN, confirmedLSN: i.ConfirmedLSN, walStatus: i.WALStatus,
+			inactiveSince: i.InactiveSince, failover: i.Failover}
+	}
 	return nil
 }
 

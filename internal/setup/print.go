@@ -200,7 +200,7 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 		if slotExists {
 			lines = append(lines, bind(slot.DropSQL, cfg.Slot)+";")
 		}
-		lines = append(lines, bind(slot.CreateSQL(version), cfg.Slot)+";", bind(state.InitCheckpointFromSlotSQL, cfg.Slot)+";")
+		lines = append(lines, bind(slot.CreateSQL(version), cfg.Slot)+";", bind(slot.InitCheckpointSQL, cfg.Slot)+";")
 		p.comment("%s", "    "+strings.ReplaceAll(strings.Join(lines, "\n"), "\n", "\n    "))
 	}
 	if len(missing) > 0 {

@@ -363,7 +363,7 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	if !slotExists {
 		if s.print {
 			_ = s.exec(ctx, slot.CreateSQL(version), cfg.Slot)
-			_ = s.exec(ctx, state.InitCheckpointFromSlotSQL, cfg.Slot)
+			_ = s.exec(ctx, slot.InitCheckpointSQL, cfg.Slot)
 			return nil
 		}
 		stopWatch := watchSlotCreation(ctx, cfg.DatabaseURL, cfg.Slot, slotConn.PgConn().PID(), opt.Waits)
