@@ -293,16 +293,30 @@ func (p *Postgres) Promote(ctx context.Context) error {
 		defer cancel()
 	}
 	deadline, _ := ctx.Deadline()
-	secs := max(1, int(time.Until(deadline).Seconds()))
-	// pg_ctl refuses to run as root, like postgres; it runs as the server's
-	// user, which owns the data directory it writes the promote file to.
-	cmd := exec.CommandContext(ctx, filepath.Join(p.binDir, "pg_ctl"),
-		"promote", "-D", p.dataDir, "-w", "-t", strconv.Itoa(secs))
-	cmd.Dir = p.base
-	cmd.Env = serverEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.id.cred}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("promote: pg_ctl promote: %w: %s\nlog:\n%s", err, strings.TrimSpace(string(out)), p.LogTail(20))
+	// A promote request that reaches the server while it restarts after
+	// a child's crash (a WAL receiver killed, say) is lost: the startup
+	// process that would act on it does not exist yet, and it looks at the
+	// promote file only when signalled. So the request is sent again every
+	// 15 s until the deadline; a request that did go through but took
+	// longer (pg_ctl then finds the server out of standby mode) is done.
+	for {
+		secs := max(1, min(15, int(time.Until(deadline).Seconds())))
+		// pg_ctl refuses to run as root, like postgres; it runs as the
+		// server's user, which owns the data directory it writes the
+		// promote file to.
+		cmd := exec.CommandContext(ctx, filepath.Join(p.binDir, "pg_ctl"),
+			"promote", "-D", p.dataDir, "-w", "-t", strconv.Itoa(secs))
+		cmd.Dir = p.base
+		cmd.Env = serverEnv()
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.id.cred}
+		out, err := cmd.CombinedOutput()
+		if err == nil || strings.Contains(string(out), "not in standby mode") {
+			break
+		}
+		if time.Until(deadline) <= time.Second || !strings.Contains(string(out), "did not promote in time") {
+			return fmt.Errorf("promote: pg_ctl promote: %w: %s\nlog:\n%s", err, strings.TrimSpace(string(out)), p.LogTail(20))
+		}
+		p.logger.Info("postgres did not promote yet; asking again", zap.Int(logKeyPort, p.Port()))
 	}
 	// pg_ctl -w returns once pg_control says "in production"; a session
 	// sees the end of recovery a moment later.
