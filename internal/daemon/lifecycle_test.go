@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/walcount/walcount/internal/failpoint"
 )
 
@@ -150,29 +152,7 @@ func TestFlushBlockedByLifecycle(t *testing.T) {
 func flushBlockedBy(t *testing.T, change []string) {
 	e := newEnvWith(t, fkSchema, nil)
 	d := e.start()
-	ctx := context.Background()
-	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 10), (VALUES (5), (6)) v(p)"); err != nil {
-		t.Fatal(err)
-	}
-	e.waitCaughtUp(catchUp)
-
-	tx, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	// A lock the flush cannot take, but not the likes' foreign key.
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM posts WHERE id = 6 FOR NO KEY UPDATE"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT 6 FROM generate_series(1, 5)"); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, "post 6's delta carried", func() (bool, string) {
-		c := e.carried()
-		k := carriedKey(c, "6")
-		return k != nil && k.Delta == 5, fmt.Sprintf("%+v", c)
-	})
+	tx := e.carryPost6(t)
 	commitAll(t, tx, change...)
 	e.moreLikesThenExact()
 	if err := d.stop(t); err != nil {
@@ -193,23 +173,7 @@ func TestFlushBlockedByLifecycleThenRestart(t *testing.T) {
 			t.Parallel()
 			e := newEnvWith(t, fkSchema, nil)
 			d := e.start(func(o *Options) { o.ShutdownTimeout = time.Second })
-			ctx := context.Background()
-			e.exec("INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 10), (VALUES (5), (6)) v(p)")
-			e.waitCaughtUp(catchUp)
-			tx, err := e.db.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx) //nolint:errcheck
-			if _, err := tx.Exec(ctx, "SELECT 1 FROM posts WHERE id = 6 FOR NO KEY UPDATE"); err != nil {
-				t.Fatal(err)
-			}
-			e.exec("INSERT INTO likes (post_id) SELECT 6 FROM generate_series(1, 5)")
-			poll(t, "post 6's delta carried", func() (bool, string) {
-				c := e.carried()
-				k := carriedKey(c, "6")
-				return k != nil && k.Delta == 5, fmt.Sprintf("%+v", c)
-			})
+			tx := e.carryPost6(t)
 			_ = d.stop(t)
 			commitAll(t, tx, change...)
 			e.start()
@@ -255,23 +219,7 @@ func flushBlockedThenEnded(t *testing.T, change []string, killed bool) {
 	e := newEnvWith(t, fkSchema, nil)
 	fp := &failpoint.Set{}
 	d := e.start(func(o *Options) { o.Failpoints = fp; o.ShutdownTimeout = time.Second })
-	ctx := context.Background()
-	e.exec("INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 10), (VALUES (5), (6)) v(p)")
-	e.waitCaughtUp(catchUp)
-	tx, err := e.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM posts WHERE id = 6 FOR NO KEY UPDATE"); err != nil {
-		t.Fatal(err)
-	}
-	e.exec("INSERT INTO likes (post_id) SELECT 6 FROM generate_series(1, 5)")
-	poll(t, "post 6's delta carried", func() (bool, string) {
-		c := e.carried()
-		k := carriedKey(c, "6")
-		return k != nil && k.Delta == 5, fmt.Sprintf("%+v", c)
-	})
+	tx := e.carryPost6(t)
 	// Armed once the row changed, so that the session ends after a flush
 	// that can meet the change.
 	commitAll(t, tx, change...)
@@ -302,4 +250,31 @@ func flushBlockedThenEnded(t *testing.T, change []string, killed bool) {
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// carryPost6 gives posts 5 and 6 ten likes each, counted, then holds post
+// 6's row in a transaction (a lock the flush cannot take, but not the
+// likes' foreign key) and adds five likes to it, until the flush carries
+// them. The caller commits the returned transaction; it is rolled back at
+// the test's end otherwise.
+func (e *env) carryPost6(t *testing.T) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	e.exec("INSERT INTO likes (post_id) SELECT p FROM generate_series(1, 10), (VALUES (5), (6)) v(p)")
+	e.waitCaughtUp(catchUp)
+	tx, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM posts WHERE id = 6 FOR NO KEY UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("INSERT INTO likes (post_id) SELECT 6 FROM generate_series(1, 5)")
+	poll(t, "post 6's delta carried", func() (bool, string) {
+		c := e.carried()
+		k := carriedKey(c, "6")
+		return k != nil && k.Delta == 5, fmt.Sprintf("%+v", c)
+	})
+	return tx
 }
