@@ -60,6 +60,12 @@ func TestReconcileFollowsTheRun(t *testing.T) {
 	if code := active.stop(); code != exitOK {
 		t.Fatalf("the active run after SIGTERM: exit %d", code)
 	}
+	// The follower must see the daemon gone before it answers again: the
+	// restart comes only after it said so: a restart quicker than its
+	// 300 ms poll leaves it nothing to say.
+	poll(t, "the follower to see the daemon gone", func() (bool, string) {
+		return strings.Contains(follow.stdout.String(), "goes on"), follow.stdout.String()
+	})
 	waitStreaming(t, standby, standbyAddr) // the standby took the slot over
 	restarted := startWalcount(t, env, "run", "--http-addr", activeAddr)
 	code = follow.wait()
