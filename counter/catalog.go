@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -45,6 +46,25 @@ type Table struct {
 // identity carries nothing.
 func (t *Table) IdentityUsable() bool { return t.ReplIdent == "f" || len(t.Identity) > 0 }
 
+// GeneratedInIdentity returns the generated columns the replica identity
+// holds, sorted: under FULL every generated column, else those of the
+// identity's index. virtual are the VIRTUAL ones (PostgreSQL 18+).
+func (t *Table) GeneratedInIdentity() (stored, virtual []string) {
+	for name, c := range t.Columns {
+		if !c.Generated || (t.ReplIdent != "f" && !slices.Contains(t.Identity, name)) {
+			continue
+		}
+		if c.Virtual {
+			virtual = append(virtual, name)
+		} else {
+			stored = append(stored, name)
+		}
+	}
+	slices.Sort(stored)
+	slices.Sort(virtual)
+	return stored, virtual
+}
+
 // Ident returns the table's name as a quoted SQL identifier.
 func (t *Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
 
@@ -66,6 +86,9 @@ type Column struct {
 	BaseTypMod int32
 	NotNull    bool
 	Generated  bool
+	// Virtual is true for a VIRTUAL generated column (PostgreSQL 18+),
+	// which no publication can carry.
+	Virtual bool
 	// GenExpr is a generated column's expression, as pg_get_expr prints
 	// it.
 	GenExpr string
@@ -105,7 +128,7 @@ SELECT a.attname,
        a.atttypid, a.atttypmod, ty.typtype = 'd',
        CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END,
        CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END,
-       a.attnotnull, a.attgenerated <> '',
+       a.attnotnull, a.attgenerated <> '', a.attgenerated = 'v',
        coalesce(CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, '')
 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
@@ -115,7 +138,7 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.OID)
 	}
 	var col string
 	var c Column
-	_, err = pgx.ForEachRow(rows, []any{&col, &c.Base, &c.Full, &c.TypeOID, &c.TypMod, &c.Domain, &c.BaseOID, &c.BaseTypMod, &c.NotNull, &c.Generated, &c.GenExpr}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&col, &c.Base, &c.Full, &c.TypeOID, &c.TypMod, &c.Domain, &c.BaseOID, &c.BaseTypMod, &c.NotNull, &c.Generated, &c.Virtual, &c.GenExpr}, func() error {
 		t.Columns[col] = c
 		return nil
 	})

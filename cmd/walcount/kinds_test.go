@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walcount/walcount/internal/testkit/testenv"
@@ -43,7 +42,6 @@ counters:
   - {name: post_events, source: events, key: post_id, target: posts, target_key: id, column: events, append_only: true}
   - {name: site_votes, source: votes, target: site, target_key: id, target_row: 1, column: votes, where: { kind: { not: null } }}
 `)
-	skipGeneratedIdentityOn18(t, c.db)
 	addr := unusedAddr(t)
 	env := []string{"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + c.redis, "WALCOUNT_SLOT=" + c.slot,
 		"WALCOUNT_HTTP_ADDR=" + addr, "WALCOUNT_FLUSH_INTERVAL=100ms", "WALCOUNT_CONFIG=" + path}
@@ -138,27 +136,5 @@ WHERE (p.reactions, p.votes, p.points) <> (t.r, t.v, t.p)
 	t.Logf("exact after two SIGKILLs: %d votes", c.count("SELECT count(*) FROM votes"))
 	if code := last.stop(); code != exitOK {
 		t.Fatalf("run exit %d", code)
-	}
-}
-
-// skipGeneratedIdentityOn18 skips a test whose FULL-identity source has a
-// STORED generated column on PostgreSQL 18 or later: there a publication
-// that does not publish generated columns (walcount's setup does not set
-// publish_generated_columns yet) makes the app's UPDATE and DELETE of the
-// source fail (SQLSTATE 42P10). A known limit, in docs/configuration.md.
-func skipGeneratedIdentityOn18(t *testing.T, url string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var num int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&num); err != nil {
-		t.Fatal(err)
-	}
-	if num >= 180000 {
-		t.Skip("PostgreSQL 18: a FULL-identity source with a STORED generated column needs publish_generated_columns = stored, which setup does not set yet (known limit)")
 	}
 }

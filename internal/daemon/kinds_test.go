@@ -164,9 +164,6 @@ func kindsLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 func TestFilterBoolAndDerivedKinds(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, kindsSchema, func(e *env) { e.cfg = e.loadConfig(kindsConfig) })
-	if e.pg.Major() >= 18 {
-		t.Skip("PostgreSQL 18: a FULL-identity source with a STORED generated column needs publish_generated_columns = stored, which setup does not set yet (known limit, docs/configuration.md)")
-	}
 	ctx := context.Background()
 
 	// Backfill on a live table, then a crash after a commit.

@@ -112,6 +112,13 @@ func (v Version) FailoverSlots() bool { return v >= v17 }
 // (18+).
 func (v Version) IdleSlotTimeout() bool { return v >= v18 }
 
+// PublishGeneratedColumns reports whether a publication can publish
+// STORED generated columns (publish_generated_columns, 18+). From 18 on,
+// PostgreSQL refuses UPDATE and DELETE of a published table whose replica
+// identity holds a generated column the publication does not publish;
+// a VIRTUAL generated column (18+) can never be published.
+func (v Version) PublishGeneratedColumns() bool { return v >= v18 }
+
 // StandbyDecoding reports whether a hot standby can hold a logical slot
 // and decode (16+).
 func (v Version) StandbyDecoding() bool { return v >= v16 }

@@ -29,6 +29,12 @@ func (r *run) checkPublication() error {
 	}
 	for _, t := range unusable {
 		sql := r.qualified(t.Schema, t.Name)
+		if why := publication.Unpublishable(r.version, t); why != "" {
+			r.problem(CheckReplicaIdentity,
+				fmt.Sprintf("%s cannot be in walcount's publication: %s", sql, why),
+				fmt.Sprintf("give %s a primary key (or a unique index) holding the columns the counters read, then ALTER TABLE %s REPLICA IDENTITY DEFAULT; (or USING INDEX ...); or make the generated column STORED", sql, sql))
+			continue
+		}
 		r.problem(CheckTargetIdentity,
 			fmt.Sprintf("target %s has no replica identity (REPLICA IDENTITY %s without a usable key): walcount publishes its key to follow its deletes and key changes, and PostgreSQL would then refuse every UPDATE and DELETE on it",
 				sql, identityName(t.ReplIdent)),
@@ -50,11 +56,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 	if errNoRows(err) {
 		fix := "walcount setup"
 		if len(listed) > 0 {
-			fix = fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", pub, strings.Join(listed, ", "))
-			if publication.ViaRoot(layout) {
-				fix += " WITH (publish_via_partition_root = true)"
-			}
-			fix += ";"
+			fix = fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout))
 		}
 		r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
 		return nil
@@ -78,6 +80,26 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 		r.setupProblem(CheckPublication,
 			fmt.Sprintf("publication %s does not publish %s: those changes would never be counted", r.cfg.Publication, strings.Join(ops, ", ")),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');", pub))
+	}
+
+	if publication.Generated(r.version, layout) {
+		var gencols string
+		if err := r.conn.QueryRow(r.ctx, `SELECT pubgencols::text FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&gencols); err != nil {
+			return r.queryFailed(CheckPublication, "publication "+r.cfg.Publication, err)
+		}
+		if gencols != "s" {
+			ok = false
+			var held []string
+			for _, t := range layout {
+				if stored, _ := t.GeneratedInIdentity(); t.Columns == nil && len(stored) > 0 {
+					held = append(held, fmt.Sprintf("%s (%s)", r.qualified(t.Schema, t.Name), strings.Join(stored, ", ")))
+				}
+			}
+			r.setupProblem(CheckPublication,
+				fmt.Sprintf("publication %s does not publish generated columns, and the replica identity of %s holds one: PostgreSQL %d refuses every UPDATE and DELETE of such a table while it is published (SQLSTATE 42P10)",
+					r.cfg.Publication, strings.Join(held, ", "), r.version.Major()),
+				fmt.Sprintf("ALTER PUBLICATION %s SET (publish_generated_columns = stored);", pub))
+		}
 	}
 
 	// pg_publication_tables resolves FOR ALL TABLES and FOR TABLES IN

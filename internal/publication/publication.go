@@ -14,6 +14,14 @@
 // (publish_via_partition_root), so its changes name the table the counters
 // name.
 //
+// From PostgreSQL 18 on, PostgreSQL refuses the app's UPDATE and DELETE
+// of a published table whose replica identity holds a generated column
+// the publication leaves out (SQLSTATE 42P10). A table published whole
+// whose identity holds a STORED generated column (REPLICA IDENTITY FULL
+// and any generated column) therefore needs publish_generated_columns =
+// stored, which the layout then asks for (Generated); one with a VIRTUAL
+// generated column under FULL can never be published and is unusable.
+//
 // See https://www.postgresql.org/docs/current/logical-replication-col-lists.html.
 package publication
 
@@ -71,9 +79,10 @@ type Lookup func(canonical string) (*counter.Table, error)
 // Layout returns the tables the publication must hold for counters, in a
 // stable order and walcount's table of messages last, skipping tables that
 // do not exist (walcount check reports them). lookup is asked for
-// cdc.MessageTable too. A target without a usable replica identity is left out and
-// returned in unusable: publishing it would make every UPDATE and DELETE
-// on it fail.
+// cdc.MessageTable too. A target without a usable replica identity, and
+// on PostgreSQL 18 any table whose identity holds a VIRTUAL generated
+// column, is left out and returned in unusable: publishing it would make
+// every UPDATE and DELETE on it fail (Unpublishable says why).
 func Layout(v pgversion.Version, counters []counter.Counter, lookup Lookup) (tables []Table, unusable []*counter.Table, err error) {
 	byName := map[string]*Table{}
 	var order []string
@@ -114,6 +123,10 @@ func Layout(v pgversion.Version, counters []counter.Counter, lookup Lookup) (tab
 		if !t.Exists {
 			continue
 		}
+		if Unpublishable(v, t.Table) != "" {
+			unusable = append(unusable, t.Table)
+			continue
+		}
 		if t.Target && !t.Source {
 			if !t.IdentityUsable() {
 				unusable = append(unusable, t.Table)
@@ -143,6 +156,62 @@ func Layout(v pgversion.Version, counters []counter.Counter, lookup Lookup) (tab
 	return tables, unusable, nil
 }
 
+// Unpublishable says why PostgreSQL v would refuse the app's UPDATE and
+// DELETE of t once t is in a publication, whatever walcount asks of the
+// publication; "" when it would not. A source without a usable identity
+// is not one of these: walcount check reports it with the counter's
+// columns, and an append_only source takes no UPDATE or DELETE.
+func Unpublishable(v pgversion.Version, t *counter.Table) string {
+	if _, virtual := t.GeneratedInIdentity(); len(virtual) > 0 && v.PublishGeneratedColumns() {
+		return fmt.Sprintf("its replica identity is FULL and it has the VIRTUAL generated column %s, which no publication can carry: PostgreSQL %d refuses every UPDATE and DELETE of a published table whose identity holds an unpublished generated column",
+			strings.Join(virtual, ", "), v.Major())
+	}
+	return ""
+}
+
+// Refusal says why table t of Layout's unusable cannot be published on
+// PostgreSQL v, for an error.
+func Refusal(v pgversion.Version, t *counter.Table) string {
+	if why := Unpublishable(v, t); why != "" {
+		return t.Ident() + ": " + why
+	}
+	return "target " + t.Ident() + " has no replica identity"
+}
+
+// Generated reports whether the publication must publish STORED
+// generated columns (publish_generated_columns = stored, PostgreSQL
+// 18+): a table published whole has a generated column in its replica
+// identity.
+func Generated(v pgversion.Version, tables []Table) bool {
+	if !v.PublishGeneratedColumns() {
+		return false
+	}
+	return slices.ContainsFunc(tables, func(t Table) bool {
+		stored, _ := t.GeneratedInIdentity()
+		return t.Columns == nil && len(stored) > 0
+	})
+}
+
+// options renders the WITH options CREATE PUBLICATION needs for tables.
+func options(v pgversion.Version, tables []Table) []string {
+	var opts []string
+	if ViaRoot(tables) {
+		opts = append(opts, "publish_via_partition_root = true")
+	}
+	if Generated(v, tables) {
+		opts = append(opts, "publish_generated_columns = stored")
+	}
+	return opts
+}
+
+// CreateOptions is the WITH clause of Create, "" when none is needed.
+func CreateOptions(v pgversion.Version, tables []Table) string {
+	if opts := options(v, tables); len(opts) > 0 {
+		return " WITH (" + strings.Join(opts, ", ") + ")"
+	}
+	return ""
+}
+
 // ViaRoot reports whether a table is partitioned, so that the publication
 // must publish through the partition root: otherwise pgoutput names each
 // change by its partition, which matches no counter.
@@ -159,30 +228,35 @@ func List(tables []Table) string {
 	return strings.Join(parts, ", ")
 }
 
-// Create is the statement that creates the publication pub for tables.
-func Create(pub string, tables []Table) string {
-	s := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", pgx.Identifier{pub}.Sanitize(), List(tables))
-	if ViaRoot(tables) {
-		s += " WITH (publish_via_partition_root = true)"
-	}
-	return s
+// Create is the statement that creates the publication pub for tables on
+// PostgreSQL v.
+func Create(v pgversion.Version, pub string, tables []Table) string {
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", pgx.Identifier{pub}.Sanitize(), List(tables)) + CreateOptions(v, tables)
 }
 
 // Alter are the statements that make an existing publication pub hold
-// tables, publish every operation walcount needs, and publish through the
-// partition root when a source is partitioned.
-func Alter(pub string, tables []Table) []string {
+// tables, publish every operation walcount needs, publish through the
+// partition root when a source is partitioned, and publish STORED
+// generated columns when Generated. The options come first: on 18 the
+// table list alone could put a table under a publication that does not
+// yet publish its identity's generated columns.
+func Alter(v pgversion.Version, pub string, tables []Table) []string {
 	id := pgx.Identifier{pub}.Sanitize()
+	opts := fmt.Sprintf("publish = 'insert, update, delete, truncate', publish_via_partition_root = %t", ViaRoot(tables))
+	if Generated(v, tables) {
+		opts += ", publish_generated_columns = stored"
+	}
 	return []string{
+		fmt.Sprintf("ALTER PUBLICATION %s SET (%s)", id, opts),
 		fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s", id, List(tables)),
-		fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate', publish_via_partition_root = %t)", id, ViaRoot(tables)),
 	}
 }
 
 // Matches reports whether the existing publication pub already holds
 // exactly tables, with their column lists (every column where Columns is
 // nil) and no row filter, publishes every operation and publishes through
-// the partition root exactly when ViaRoot(tables). Setup then leaves it
+// the partition root exactly when ViaRoot(tables), and publishes STORED
+// generated columns when Generated(v, tables). Setup then leaves it
 // alone: ALTER PUBLICATION needs the ownership of the publication and of
 // every table in it, which a publication made by a DBA does not give
 // walcount's role.
@@ -195,6 +269,15 @@ func Matches(ctx context.Context, q counter.Querier, v pgversion.Version, pub st
 	}
 	if !ins || !upd || !del || !trunc || viaRoot != ViaRoot(tables) {
 		return false, nil
+	}
+	if Generated(v, tables) {
+		var gencols string
+		if err := q.QueryRow(ctx, `SELECT pubgencols::text FROM pg_publication WHERE pubname = $1`, pub).Scan(&gencols); err != nil {
+			return false, fmt.Errorf("read publication %s: %w", pub, err)
+		}
+		if gencols != "s" {
+			return false, nil
+		}
 	}
 	query := `SELECT schemaname::text, tablename::text, NULL::text[], false FROM pg_publication_tables WHERE pubname = $1`
 	if v.PublicationColumnLists() {
@@ -232,14 +315,21 @@ func Matches(ctx context.Context, q counter.Querier, v pgversion.Version, pub st
 		if !v.PublicationColumnLists() {
 			continue
 		}
-		want := t.Columns
+		want, got := t.Columns, e.cols
 		if want == nil {
+			// Every column: pg_publication_tables lists the generated
+			// ones on 15, never on 16 and 17, and on 18 the STORED ones
+			// when the publication publishes them (Generated checked
+			// that above); compare the others.
 			want = make([]string, 0, len(t.Table.Columns))
-			for c := range t.Table.Columns {
-				want = append(want, c)
+			for name, c := range t.Table.Columns {
+				if !c.Generated {
+					want = append(want, name)
+				}
 			}
+			got = slices.DeleteFunc(slices.Clone(e.cols), func(name string) bool { return t.Table.Columns[name].Generated })
 		}
-		if !sameSet(e.cols, want) {
+		if !sameSet(got, want) {
 			return false, nil
 		}
 	}

@@ -224,8 +224,8 @@ func printPublication(ctx context.Context, conn *pgx.Conn, p *printer, cfg confi
 		return err
 	}
 	if len(unusable) > 0 {
-		p.comment("4. The publication: NOT PRINTED, because target %s has no replica identity (walcount check says how to give it one).", unusable[0].Ident())
-		return fmt.Errorf("no publication printed: target %s has no replica identity: walcount check says how to give it one", unusable[0].Ident())
+		p.comment("4. The publication: NOT PRINTED, because %s (walcount check says how to fix it).", publication.Refusal(version, unusable[0]))
+		return fmt.Errorf("no publication printed: %s: walcount check says how to fix it", publication.Refusal(version, unusable[0]))
 	}
 	var names []string
 	for _, t := range layout {
@@ -266,7 +266,7 @@ func printPublication(ctx context.Context, conn *pgx.Conn, p *printer, cfg confi
 		p.comment("4. Publication %s exists but does not hold exactly what walcount needs; make it so.\n"+
 			"   Needs: ownership of the publication (owned by %s), of %s, and of walcount.messages\n"+
 			"   (owned by %s: membership in that role counts).", cfg.Publication, owner, strings.Join(names, ", "), stateOwner)
-		for _, stmt := range publication.Alter(cfg.Publication, layout) {
+		for _, stmt := range publication.Alter(version, cfg.Publication, layout) {
 			p.stmt(stmt)
 		}
 		handOver()
@@ -274,7 +274,7 @@ func printPublication(ctx context.Context, conn *pgx.Conn, p *printer, cfg confi
 		p.comment("4. The publication of the sources, the targets and walcount.messages.\n"+
 			"   Needs: CREATE on database %s, ownership of %s, and of walcount.messages\n"+
 			"   (owned by %s: membership in that role counts).", db, strings.Join(names, ", "), stateOwner)
-		p.stmt(publication.Create(cfg.Publication, layout))
+		p.stmt(publication.Create(version, cfg.Publication, layout))
 		handOver()
 	}
 	return nil

@@ -253,7 +253,7 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 	}
 	if len(unusable) > 0 {
 		// The preflight gate refused these already; never publish them.
-		return fmt.Errorf("target %s has no replica identity: walcount check says how to give it one", unusable[0].Ident())
+		return fmt.Errorf("%s: walcount check says how to fix it", publication.Refusal(version, unusable[0]))
 	}
 	for _, t := range tables {
 		s.res.Published = append(s.res.Published, t.SQL())
@@ -304,13 +304,13 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 	case matches:
 		// Never altered: that needs the owner of every table in it.
 	case pubExists:
-		for _, stmt := range publication.Alter(cfg.Publication, tables) {
+		for _, stmt := range publication.Alter(version, cfg.Publication, tables) {
 			if err := s.exec(ctx, stmt); err != nil {
 				return err
 			}
 		}
 	default:
-		if err := s.exec(ctx, publication.Create(cfg.Publication, tables)); err != nil {
+		if err := s.exec(ctx, publication.Create(version, cfg.Publication, tables)); err != nil {
 			return err
 		}
 	}
@@ -453,7 +453,8 @@ SELECT n.nspname::text, c.relname::text, c.relreplident::text,
                  SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
                  WHERE i.indrelid = c.oid AND a.attname = w.name
                    AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)))),
-       pg_has_role(current_user, c.relowner, 'USAGE')
+       pg_has_role(current_user, c.relowner, 'USAGE'),
+       EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attgenerated = 'v' AND NOT a.attisdropped)
 FROM (SELECT to_regclass($1) AS relid, 0 AS level
       UNION ALL
       SELECT relid, level FROM pg_partition_tree(to_regclass($1)) WHERE isleaf AND level > 0) p
@@ -466,11 +467,12 @@ ORDER BY p.level, 1`, src, need[src])
 			name, ident string
 			missing     bool
 			owned       bool
+			virtual     bool
 		}
 		rels, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (rel, error) {
 			var r rel
 			var schema, table string
-			err := row.Scan(&schema, &table, &r.ident, &r.missing, &r.owned)
+			err := row.Scan(&schema, &table, &r.ident, &r.missing, &r.owned, &r.virtual)
 			r.name = pgx.Identifier{schema, table}.Sanitize()
 			return r, err
 		})
@@ -484,6 +486,13 @@ ORDER BY p.level, 1`, src, need[src])
 		for _, r := range rels {
 			if r.ident == "f" || !r.missing {
 				continue
+			}
+			if r.virtual {
+				// FULL would hold the VIRTUAL generated column, which no
+				// publication carries: PostgreSQL 18 would then refuse
+				// every UPDATE and DELETE of the table.
+				return nil, fmt.Errorf("cannot set REPLICA IDENTITY FULL on %s: it has a VIRTUAL generated column, and PostgreSQL refuses every UPDATE and DELETE of a published table whose identity holds one; give it a primary key (or a unique index used as REPLICA IDENTITY USING INDEX) holding %s, or make the column STORED",
+					r.name, strings.Join(need[src], ", "))
 			}
 			if !r.owned && !s.print {
 				notOwned = append(notOwned, r.name)
