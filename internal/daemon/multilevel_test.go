@@ -27,7 +27,7 @@ CREATE TABLE users (id bigint PRIMARY KEY, total_likes bigint NOT NULL DEFAULT 0
 CREATE TABLE posts (id bigint PRIMARY KEY, user_id bigint, likes_count bigint NOT NULL DEFAULT 0);
 ALTER TABLE posts REPLICA IDENTITY FULL;
 CREATE INDEX ON posts (user_id);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts ON DELETE CASCADE);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts ON DELETE CASCADE ON UPDATE CASCADE);
 ALTER TABLE likes REPLICA IDENTITY FULL;
 CREATE INDEX ON likes (post_id);
 INSERT INTO users (id) SELECT g FROM generate_series(1, 10) g;
@@ -107,8 +107,10 @@ func multiOp(ctx context.Context, w *workload, rng *rand.Rand) error {
 		_, err = w.db.Exec(ctx, "UPDATE posts SET user_id = $2 WHERE id = $1", post(), user())
 	case k < 85: // a new post (its likes come later)
 		_, err = w.db.Exec(ctx, "INSERT INTO posts (id, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING", post(), user())
-	case k < 88: // a post deleted, its likes with it (ON DELETE CASCADE)
+	case k < 87: // a post deleted, its likes with it (ON DELETE CASCADE)
 		_, err = w.db.Exec(ctx, "DELETE FROM posts WHERE id = $1", post())
+	case k < 89: // a post re-keyed, its likes with it (ON UPDATE CASCADE)
+		_, err = w.db.Exec(ctx, "UPDATE posts SET id = $2 WHERE id = $1", post(), post())
 	default: // likes and a re-parent in one transaction, sometimes rolled back
 		err = w.tx(ctx, func(tx pgx.Tx) error {
 			p := post()
@@ -141,7 +143,7 @@ func multiLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 				if ctx.Err() != nil {
 					return
 				}
-				if err := multiOp(ctx, w, rng); err != nil && !isCode(err, "23503") {
+				if err := multiOp(ctx, w, rng); err != nil && !isCode(err, "23503") && !isCode(err, "23505") {
 					if ctx.Err() == nil {
 						w.bad.Add(1)
 						t.Logf("multi op: %v", err)
@@ -161,11 +163,12 @@ func multiLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 
 // TestMultiLevelCounter keeps likes → posts.likes_count → users.total_likes
 // exact: both levels backfilled at once on live tables, churn at both
-// levels (likes moved between posts, posts moved between users, created
-// and deleted), a crash right after a flush committed, drift at each
+// levels (likes moved between posts, posts moved between users, created,
+// deleted and re-keyed), a crash right after a flush committed, drift at each
 // level corrected by one reconciliation while the app writes, a post row
 // held by the app (level 1 carries its delta, level 2 follows once it is
-// applied) and a TRUNCATE of likes (level 1's zeroing reaches level 2).
+// applied), a TRUNCATE of likes (level 1's zeroing reaches level 2) and
+// one of posts.
 func TestMultiLevelCounter(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, multiSchema, func(e *env) { e.cfg = e.loadConfig(multiConfig) })
@@ -230,6 +233,14 @@ func TestMultiLevelCounter(t *testing.T) {
 	multiLoad(ctx, t, e, 2, 50)
 	e.waitBothLevels()
 	e.assertMultiExact("after a TRUNCATE of likes")
+
+	// A TRUNCATE of posts (level 2's source, level 1's target) and of
+	// likes with it, then new posts and likes.
+	e.inTransaction("TRUNCATE posts, likes", "INSERT INTO posts (id, user_id) SELECT g, 1 + g % 7 FROM generate_series(1, 25) g",
+		"INSERT INTO likes (post_id) SELECT 1 + g % 25 FROM generate_series(1, 100) g")
+	multiLoad(ctx, t, e, 2, 80)
+	e.waitBothLevels()
+	e.assertMultiExact("after a TRUNCATE of posts")
 	e.assertHealthy(d)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
