@@ -246,3 +246,104 @@ func TestMultiLevelCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMultiLevelFlushCost measures what level 2 adds to the flush. Under
+// the same steady stream of likes and re-parented posts, once with
+// post_likes alone and once with user_likes above it, it counts with
+// pg_stat_statements the flush statements walcount ran per committed
+// flush. Level 2's deltas of the flush of interval n are the UPDATE of
+// posts in that flush's own transaction; they are applied by the flush of
+// interval n+1, beside level 1's deltas of interval n+1: one more UPDATE
+// statement (one per chunk of keys) in the same transaction, not another
+// transaction. The figures are logged; what is asserted is the shape: at
+// most one statement per level and flush at this size, and the flush
+// count not doubled by level 2 (each level 1 flush is followed by at most
+// one flush that applies only level 2's deltas: the last one, when the
+// stream stops).
+func TestMultiLevelFlushCost(t *testing.T) {
+	t.Parallel()
+	configs := map[string]string{
+		"one level": testSettings + `
+counters:
+  - {name: post_likes, source: likes, key: post_id, target: posts, target_key: id, column: likes_count}
+`,
+		"two levels": multiConfig,
+	}
+	for _, name := range []string{"one level", "two levels"} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnvWith(t, multiSchema, func(e *env) { e.cfg = e.loadConfig(configs[name]) })
+			var available bool
+			if err := e.db.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_available_extensions WHERE name = 'pg_stat_statements')").Scan(&available); err != nil {
+				t.Fatal(err)
+			}
+			if !available {
+				t.Skipf("pg_stat_statements is not installed for PostgreSQL %d", e.pg.Major())
+			}
+			e.restartWith(map[string]string{"shared_preload_libraries": "pg_stat_statements"})
+			e.exec("CREATE EXTENSION pg_stat_statements")
+			d := e.start()
+			e.waitBothLevels()
+			if run := waitRun(t, d, 0); run.Status != "done" {
+				t.Fatalf("backfill %+v, want done", run)
+			}
+			e.waitBothLevels()
+			e.exec("SELECT pg_stat_statements_reset()")
+			flushes0 := counterValue(d.d.m.Flushes)
+
+			ctx := context.Background()
+			var wg sync.WaitGroup
+			for c := range 2 {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(c+1), 99))
+					for i := range 400 {
+						q := "INSERT INTO likes (post_id) SELECT $1 FROM posts WHERE id = $1"
+						if i%10 == 9 {
+							q = "UPDATE posts SET user_id = 1 + (user_id % 10) WHERE id = $1"
+						}
+						if _, err := e.db.Exec(ctx, q, 1+rng.Int64N(30)); err != nil {
+							t.Error(err)
+							return
+						}
+						// Paced, so that the stream spans some 20 flush
+						// intervals (a load generator's pace, not a wait).
+						time.Sleep(5 * time.Millisecond)
+					}
+				})
+			}
+			wg.Wait()
+			e.waitBothLevels()
+			flushes := counterValue(d.d.m.Flushes) - flushes0
+
+			// A flush transaction's statements: begin, the timeouts, the
+			// carried keys, one flush UPDATE per counter with keys (per
+			// chunk), the flush's marker in and out of walcount.messages,
+			// the checkpoint's compare-and-set, commit.
+			var posts, users, flushTx int64
+			if err := e.db.QueryRow(ctx, `
+SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'WITH d AS (SELECT u.k%' AND query LIKE '%"public"."posts"%'), 0)::bigint,
+       coalesce(sum(calls) FILTER (WHERE query LIKE 'WITH d AS (SELECT u.k%' AND query LIKE '%"public"."users"%'), 0)::bigint,
+       coalesce(sum(calls) FILTER (WHERE query LIKE 'WITH d AS (SELECT u.k%' OR query IN ('begin', 'commit')
+         OR query LIKE 'SELECT set_config(''lock_timeout''%' OR query LIKE 'SELECT counter, key, delta, since%'
+         OR query LIKE '% walcount.messages %' OR query LIKE 'UPDATE walcount.checkpoint SET lsn%'), 0)::bigint
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&posts, &users, &flushTx); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: %d flushes; flush UPDATEs of posts %d (%.2f a flush), of users %d (%.2f a flush); %d statements in flush transactions (%.2f a flush)",
+				name, flushes, posts, float64(posts)/float64(flushes), users, float64(users)/float64(flushes), flushTx, float64(flushTx)/float64(flushes))
+			if flushes == 0 || posts == 0 || posts > flushes || users > flushes {
+				t.Fatalf("want at most one flush UPDATE per level and flush, got %d of posts and %d of users in %d flushes", posts, users, flushes)
+			}
+			if name == "two levels" && users == 0 {
+				t.Fatal("level 2 was never flushed")
+			}
+			e.assertNone("level 1", multiTruth1)
+			if name == "two levels" {
+				e.assertMultiExact("after the measured stream")
+			}
+			if err := d.stop(t); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
