@@ -167,8 +167,9 @@ func multiLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 // deleted and re-keyed), a crash right after a flush committed, drift at each
 // level corrected by one reconciliation while the app writes, a post row
 // held by the app (level 1 carries its delta, level 2 follows once it is
-// applied), a TRUNCATE of likes (level 1's zeroing reaches level 2) and
-// one of posts.
+// applied), a TRUNCATE of likes (level 1's zeroing reaches level 2), one
+// of posts, and posts' replica identity lost and restored (level 2
+// degraded, dirty, repaired by itself).
 func TestMultiLevelCounter(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, multiSchema, func(e *env) { e.cfg = e.loadConfig(multiConfig) })
@@ -241,6 +242,18 @@ func TestMultiLevelCounter(t *testing.T) {
 	multiLoad(ctx, t, e, 2, 80)
 	e.waitBothLevels()
 	e.assertMultiExact("after a TRUNCATE of posts")
+
+	// posts' identity lost under load: level 2 cannot attribute the old
+	// rows, is degraded and dirty while level 1 goes on, and is repaired
+	// by itself once the identity is back.
+	e.exec("ALTER TABLE posts REPLICA IDENTITY DEFAULT")
+	multiLoad(ctx, t, e, 2, 60)
+	waitFor(t, "level 2 degraded", func() bool { return len(d.d.Status(ctx).Degraded) == 1 })
+	e.exec("ALTER TABLE posts REPLICA IDENTITY FULL")
+	multiLoad(ctx, t, e, 2, 60)
+	e.waitClean(t, 2*time.Minute)
+	e.waitBothLevels()
+	e.assertMultiExact("after posts' identity came back")
 	e.assertHealthy(d)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
