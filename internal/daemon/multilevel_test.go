@@ -164,8 +164,11 @@ func multiLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 // TestMultiLevelCounter keeps likes → posts.likes_count → users.total_likes
 // exact: both levels backfilled at once on live tables, churn at both
 // levels (likes moved between posts, posts moved between users, created,
-// deleted and re-keyed), a crash right after a flush committed, drift at each
-// level corrected by one reconciliation while the app writes, a post row
+// deleted and re-keyed), a crash right after a flush committed, drift at
+// level 1 that level 2 follows and a reconciliation of level 1 alone
+// corrects at both, drift at each level corrected by one reconciliation
+// while the app writes, level 2 reconciled while level 1 carries a delta
+// (nothing to correct), a post row
 // held by the app (level 1 carries its delta, level 2 follows once it is
 // applied), a TRUNCATE of likes (level 1's zeroing reaches level 2), one
 // of posts, and posts' replica identity lost and restored (level 2
@@ -193,13 +196,29 @@ func TestMultiLevelCounter(t *testing.T) {
 	e.waitBothLevels()
 	e.assertMultiExact("after the backfill, a crash and churn")
 
+	// Drift at level 1 alone: level 2 follows it (it is exact with
+	// respect to the posts rows, drifted or not), and reconciling level 1
+	// alone corrects both: its corrections are UPDATEs of posts, which
+	// level 2 counts from the WAL.
+	e.exec("INSERT INTO posts (id, user_id) VALUES (3, 4), (8, 9) ON CONFLICT (id) DO UPDATE SET user_id = EXCLUDED.user_id")
+	e.waitBothLevels()
+	e.exec("UPDATE posts SET likes_count = likes_count + 4 WHERE id IN (3, 8)")
+	e.waitBothLevels()
+	e.assertNone("level 2 follows level 1's drift", multiTruth2)
+	run := startRun(t, d, reconcile.Request{Counter: "post_likes"})
+	if got := waitRun(t, d, run.ID); got.Status != "done" || got.Corrected != 2 {
+		t.Fatalf("reconciliation of level 1 %+v, want done with 2 corrections", got)
+	}
+	e.waitBothLevels()
+	e.assertMultiExact("after reconciling level 1 alone")
+
 	// Drift at each level: posts 3 and 8 (which level 2 follows, as it
 	// follows every posts row) and users 2 and 5.
 	e.exec("UPDATE posts SET likes_count = likes_count + 4 WHERE id IN (3, 8)")
 	e.exec("UPDATE users SET total_likes = total_likes - 9 WHERE id IN (2, 5)")
 	var wg sync.WaitGroup
 	wg.Go(func() { multiLoad(ctx, t, e, 2, 100) })
-	run := startRun(t, d, reconcile.Request{})
+	run = startRun(t, d, reconcile.Request{})
 	got := waitRun(t, d, run.ID)
 	wg.Wait()
 	if got.Status != "done" || got.Corrected == 0 {
@@ -220,6 +239,12 @@ func TestMultiLevelCounter(t *testing.T) {
 		e.exec("UPDATE posts SET user_id = 1 + (user_id % 10) WHERE id = $1", 20+i)
 	}
 	waitFor(t, "post 6's likes carried", func() bool { return len(e.carried()) > 0 })
+	// Level 2 reconciled meanwhile finds nothing to correct: what level 1
+	// carries is not in posts.likes_count yet, so not in level 2's truth.
+	run = startRun(t, d, reconcile.Request{Counter: "user_likes"})
+	if got := waitRun(t, d, run.ID); got.Status != "done" || got.Corrected != 0 {
+		t.Fatalf("reconciliation of level 2 while level 1 carries %+v, want done with no correction", got)
+	}
 	if err := held.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
