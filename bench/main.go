@@ -132,7 +132,7 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big (default all)")
+	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -155,13 +155,13 @@ func run() int {
 	}
 	// The standby section (9) says it was skipped below PostgreSQL 16
 	// (WALCOUNT_TEST_PG selects the server).
-	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true, "standby": true, "binary": true, "big": true}
+	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true, "standby": true, "binary": true, "big": true, "multi": true}
 	if only != "" {
 		sections = map[string]bool{}
 		for _, s := range strings.Split(only, ",") {
 			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app, standby, binary or big)\n", s)
+			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi"}, s) {
+				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app, standby, binary, big or multi)\n", s)
 				return 2
 			}
 			sections[s] = true
@@ -195,12 +195,12 @@ func run() int {
 	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
 	if only != "" {
 		var names []string
-		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big"} {
+		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi"} {
 			if sections[s] {
 				names = append(names, s)
 			}
 		}
-		if len(names) < 8 {
+		if len(names) < 9 {
 			r.only = strings.Join(names, "+")
 		}
 	}
@@ -270,6 +270,12 @@ func run() int {
 	if sections["big"] {
 		b.logf("11. one big batch")
 		if r.big, err = runBig(ctx, b); err != nil {
+			return fail(err)
+		}
+	}
+	if sections["multi"] {
+		b.logf("12. a multi-level counter")
+		if r.multi, err = runMultiLevel(ctx, b); err != nil {
 			return fail(err)
 		}
 	}

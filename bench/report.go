@@ -30,6 +30,8 @@ type results struct {
 	reconcileErr error
 	// standby is section 9, as markdown ("" when it did not run).
 	standby string
+	// multi is section 12, as markdown ("" when it did not run).
+	multi string
 	// app is section 8, without walcount and with it.
 	app []appSideResult
 	// big is section 11.
@@ -129,6 +131,7 @@ func (r *results) markdown() string {
 	if len(r.big) > 0 {
 		r.bigSection(&b)
 	}
+	b.WriteString(r.multi)
 	r.targetsSection(&b)
 	return b.String()
 }

@@ -127,23 +127,33 @@ func Validate(cs []Counter) []Problem {
 		}
 	}
 
-	// A counter column must not feed a counter: if it were a key, filter or
-	// summed column of a counted table, every flush would change the rows
-	// being counted and the counts would chase their own tail through the
-	// WAL forever.
+	// A counter column may be summed by another counter (a multi-level
+	// counter: likes → posts.likes_count → users.total_likes): walcount's
+	// own flushes of the first are UPDATEs of the second's source, counted
+	// like the app's. It must not be a key or where column of a counted
+	// table (a count moving rows between keys or in and out of a filter at
+	// every flush), and the sums must not form a cycle: a counter whose
+	// column feeds, through any chain of sums, its own source column would
+	// chase its own tail through the WAL forever.
 	for i, c := range cs {
 		for j, d := range cs {
 			if c.Target != d.Source || c.Column == "" {
 				continue
 			}
 			inWhere := slices.Contains(d.FilterColumns(), c.Column)
-			if (d.Key != "" && c.Column == d.Key) || c.Column == d.Sum || inWhere {
+			if (d.Key != "" && c.Column == d.Key) || inWhere {
 				ps = append(ps, Problem{
 					Field: FieldPath(i, c.Name) + ".column",
-					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key, sum or where column of a counted table", c.Target, c.Column, j, d.Name),
+					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key or where column of a counted table (only a sum may read it)", c.Target, c.Column, j, d.Name),
 				})
 			}
 		}
+	}
+	if i, path := SumCycle(cs); i >= 0 {
+		ps = append(ps, Problem{
+			Field: FieldPath(i, cs[i].Name) + ".sum",
+			Msg:   fmt.Sprintf("the counters sum each other's columns in a cycle (%s): every flush would change the column it is computed from", strings.Join(path, " → ")),
+		})
 	}
 	return ps
 }
@@ -154,4 +164,60 @@ func FieldPath(i int, name string) string {
 		return fmt.Sprintf("counters[%d]", i)
 	}
 	return fmt.Sprintf("counters[%d] (%s)", i, name)
+}
+
+// Feeds reports whether c's column is d's summed column: d is a level
+// above c (d sums what c keeps).
+func Feeds(c, d Counter) bool {
+	return c.Column != "" && d.Sum != "" && c.Target == d.Source && c.Column == d.Sum
+}
+
+// SumCycle returns the index of a counter on a cycle of sums (counter i
+// feeds j feeds … feeds i, see Feeds) and the cycle's counter names, or
+// -1 when there is none.
+func SumCycle(cs []Counter) (int, []string) {
+	const (
+		unseen = iota
+		open
+		done
+	)
+	state := make([]int, len(cs))
+	var stack []int
+	var visit func(i int) int
+	visit = func(i int) int {
+		state[i] = open
+		stack = append(stack, i)
+		for j := range cs {
+			if !Feeds(cs[i], cs[j]) {
+				continue
+			}
+			switch state[j] {
+			case open:
+				return j
+			case unseen:
+				if k := visit(j); k >= 0 {
+					return k
+				}
+			}
+		}
+		stack = stack[:len(stack)-1]
+		state[i] = done
+		return -1
+	}
+	for i := range cs {
+		if state[i] != unseen {
+			continue
+		}
+		stack = stack[:0]
+		if k := visit(i); k >= 0 {
+			var names []string
+			from := slices.Index(stack, k)
+			for _, n := range stack[from:] {
+				names = append(names, cs[n].Name)
+			}
+			names = append(names, cs[k].Name)
+			return k, names
+		}
+	}
+	return -1, nil
 }

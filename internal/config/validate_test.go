@@ -83,7 +83,14 @@ func TestParseErrors(t *testing.T) {
 			[]string{"walcount.yaml: counters[1] (b).column: public.posts.likes_count is already written by counters[0] (a): two counters cannot write one column"}},
 		{"counter column feeds a counter", "counters:\n" + counter("a", nil) +
 			counter("b", map[string]string{"source": "posts", "key": "likes_count", "target": "users", "column": "n"}),
-			[]string{"walcount.yaml: counters[0] (a).column: public.posts.likes_count is read by counters[1] (b): a counter column cannot be a key, sum or where column of a counted table"}},
+			[]string{"walcount.yaml: counters[0] (a).column: public.posts.likes_count is read by counters[1] (b): a counter column cannot be a key or where column of a counted table (only a sum may read it)"}},
+		{"counter columns summed in a cycle", "counters:\n" +
+			counter("a", map[string]string{"source": "users", "key": "id", "sum": "total", "target": "posts", "column": "likes_count"}) +
+			counter("b", map[string]string{"source": "posts", "key": "id", "sum": "likes_count", "target": "users", "column": "total"}),
+			[]string{"walcount.yaml: counters[0] (a).sum: the counters sum each other's columns in a cycle (a → b → a): every flush would change the column it is computed from"}},
+		{"a counter sums its own column", "counters:\n" +
+			counter("a", map[string]string{"source": "posts", "key": "id", "sum": "likes_count", "target": "posts", "column": "likes_count"}),
+			[]string{"walcount.yaml: counters[0] (a).sum: the counters sum each other's columns in a cycle (a → a)"}},
 		{"where list with null", "counters:\n" + counter("a", map[string]string{"where": "{state: [1, null]}"}),
 			[]string{"walcount.yaml:8: counters[0] (a).where.state: a list cannot hold null"}},
 		{"where empty list", "counters:\n" + counter("a", map[string]string{"where": "{state: {not: []}}"}),

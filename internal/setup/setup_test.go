@@ -548,3 +548,46 @@ func TestSecondSlotOnAColumnIsRefused(t *testing.T) {
 		t.Error("the torn-down deployment's publication is left")
 	}
 }
+
+// TestSetupMultiLevel: a counter that sums another counter's column
+// (users.total_likes = SUM(posts.likes_count) per posts.user_id) makes
+// posts both a target and a source. Without --fix-replica-identity setup
+// refuses posts' default identity (its primary key carries neither user_id
+// nor likes_count) with the fix; with it, posts gets FULL and is published
+// whole, and run's checks pass on what setup made.
+func TestSetupMultiLevel(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testenv.Database(t))
+	f.exec(t, "ALTER TABLE posts ADD COLUMN user_id bigint; ALTER TABLE users ADD COLUMN total_likes bigint NOT NULL DEFAULT 0")
+	level2 := counter.Counter{Name: "user_likes", Source: "posts", Key: "user_id", Target: "users", TargetKey: "id",
+		Column: "total_likes", Sum: "likes_count"}
+	notAsked := f.opts(likes, level2)
+	notAsked.FixReplicaIdentity = false
+	_, err := setup.Run(context.Background(), f.conn, notAsked)
+	var ref *preflight.Refusal
+	if !errors.As(err, &ref) || !strings.Contains(err.Error(), "replica identity of public.posts is DEFAULT") ||
+		!strings.Contains(err.Error(), "ALTER TABLE public.posts REPLICA IDENTITY FULL;") {
+		t.Fatalf("setup without --fix-replica-identity: err = %v, want the refusal naming posts' identity and its fix", err)
+	}
+
+	opt := f.opts(likes, level2)
+	res := f.run(t, opt)
+	if !slices.Contains(res.FixedIdentityTable, `"public"."posts"`) {
+		t.Fatalf("fixed %v, want posts among them", res.FixedIdentityTable)
+	}
+	if want := []string{"public.likes", "public.posts", "public.users", "walcount.messages"}; !slices.Equal(f.published(t), want) {
+		t.Fatalf("published %v, want %v", f.published(t), want)
+	}
+	// pg_publication_tables lists the published columns from 15 on.
+	if f.query(t, "SELECT (current_setting('server_version_num')::int >= 150000)::text") == "true" &&
+		f.query(t, "SELECT coalesce(array_length(attnames, 1), 0)::text FROM pg_publication_tables WHERE pubname = 'walcount' AND tablename = 'posts'") != "3" {
+		t.Errorf("posts published with a column list, want all 3 columns (it is a source)")
+	}
+	findings, err := preflight.Run(context.Background(), preflight.Options{Config: opt.Config})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := preflight.Gate(findings); err != nil {
+		t.Fatalf("run would refuse what setup made: %v", err)
+	}
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/walcount/walcount/internal/testkit/testenv"
+)
+
+// TestMultiLevelSurvivesKill9 runs the real binary on a multi-level
+// counter (likes → posts.likes_count → users.total_likes by
+// posts.user_id), kills it with SIGKILL twice while the app likes, unlikes,
+// moves likes between posts and moves posts between users, and checks both
+// levels against SQL once a last daemon has caught up.
+func TestMultiLevelSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, testenv.Database(t), `
+CREATE TABLE users (id bigint PRIMARY KEY, total_likes bigint NOT NULL DEFAULT 0);
+CREATE TABLE posts (id bigint PRIMARY KEY, user_id bigint, likes_count bigint NOT NULL DEFAULT 0);
+ALTER TABLE posts REPLICA IDENTITY FULL;
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts);
+ALTER TABLE likes REPLICA IDENTITY FULL;
+CREATE INDEX ON likes (post_id);
+INSERT INTO users (id) SELECT g FROM generate_series(1, 8) g;
+INSERT INTO posts (id, user_id) SELECT g, 1 + g % 8 FROM generate_series(1, 20) g;
+INSERT INTO likes (post_id) SELECT 1 + g % 20 FROM generate_series(1, 200) g;`)
+	path := c.writeConfig(`
+counters:
+  - {name: post_likes, source: likes, key: post_id, target: posts, target_key: id, column: likes_count}
+  - {name: user_likes, source: posts, key: user_id, target: users, target_key: id, column: total_likes, sum: likes_count}
+`)
+	addr := unusedAddr(t)
+	env := []string{"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + c.redis, "WALCOUNT_SLOT=" + c.slot,
+		"WALCOUNT_HTTP_ADDR=" + addr, "WALCOUNT_FLUSH_INTERVAL=100ms", "WALCOUNT_CONFIG=" + path}
+	if code, _, _ := walcount(t, env, "setup"); code != exitOK {
+		t.Fatalf("setup: exit %d", code)
+	}
+	pool, err := pgxpool.New(context.Background(), c.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var failed sync.Map
+	for w := range 3 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for ctx.Err() == nil {
+				post := 1 + rng.Int64N(20)
+				var err error
+				switch k := rng.IntN(10); {
+				case k < 4:
+					_, err = pool.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1)", post)
+				case k < 6:
+					_, err = pool.Exec(ctx, "DELETE FROM likes WHERE id = (SELECT id FROM likes WHERE post_id = $1 ORDER BY random() LIMIT 1)", post)
+				case k < 8:
+					_, err = pool.Exec(ctx, "UPDATE likes SET post_id = $2 WHERE id = (SELECT id FROM likes WHERE post_id = $1 LIMIT 1)", post, 1+rng.Int64N(20))
+				default:
+					var user any = 1 + rng.Int64N(8)
+					if rng.IntN(6) == 0 {
+						user = nil
+					}
+					_, err = pool.Exec(ctx, "UPDATE posts SET user_id = $2 WHERE id = $1", post, user)
+				}
+				if err != nil && ctx.Err() == nil {
+					failed.Store(err.Error(), true)
+				}
+			}
+		})
+	}
+	for round := range 2 {
+		p := startWalcount(t, env, "run")
+		waitStreaming(t, p, addr)
+		time.Sleep(time.Duration(300+rand.IntN(700)) * time.Millisecond)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-p.done
+		t.Logf("round %d: killed with SIGKILL while streaming", round)
+	}
+	last := startWalcount(t, env, "run")
+	waitStreaming(t, last, addr)
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	wg.Wait()
+	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
+
+	// The app has stopped: both levels must reach the truth and stay.
+	const off = `
+SELECT (SELECT count(*) FROM posts p WHERE p.likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id))
+     + (SELECT count(*) FROM users u WHERE u.total_likes <> (SELECT count(*) FROM likes l JOIN posts p ON p.id = l.post_id WHERE p.user_id = u.id))`
+	var n int
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		n = c.count(off)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d posts and users still off a minute after the load ended", n)
+		}
+	}
+	time.Sleep(time.Second)
+	if n = c.count(off); n != 0 {
+		t.Fatalf("%d posts and users off after they were exact", n)
+	}
+	t.Logf("exact after two SIGKILLs: %d likes", c.count("SELECT count(*) FROM likes"))
+	if code := last.stop(); code != exitOK {
+		t.Fatalf("run exit %d", code)
+	}
+}
