@@ -1111,7 +1111,7 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		key             string
 		present, locked bool
 	}
-	rows, err := tx.Query(ctx, b.t.Flush, keys, deltas)
+	rows, err := tx.Query(ctx, b.t.Flush, append([]any{keys, deltas}, b.t.FlushArgs...)...)
 	var res []notHit
 	if err == nil {
 		res, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (notHit, error) {

@@ -258,7 +258,14 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 	}
 
 	col, found := tgt.Columns[c.Column]
+	ext, fn := c.Extremum()
 	switch {
+	case ext != "":
+		if v, vfound := need(src, ext, fn); vfound {
+			if err := r.checkExtremum(c, src, tgt, v, col, found, bad, badConfig, i); err != nil {
+				return err
+			}
+		}
 	case !found:
 		ok = false
 		r.problem(CheckColumn, fmt.Sprintf("%scounter column %s.%s does not exist", prefix, tgt.sql, r.ident(c.Column)),
@@ -275,7 +282,7 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 			fmt.Sprintf("UPDATE %[1]s SET %[2]s = 0 WHERE %[2]s IS NULL; ALTER TABLE %[1]s ALTER COLUMN %[2]s SET DEFAULT 0, ALTER COLUMN %[2]s SET NOT NULL;", tgt.sql, r.ident(c.Column)))
 	}
 
-	if c.Sum != "" {
+	if c.Sum != "" && ext == "" {
 		if sum, found := need(src, c.Sum, "sum"); found {
 			if !slices.Contains(sumTypes, sum.Base) {
 				// Only the configuration can fix this: the column holds
@@ -335,6 +342,82 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		r.ok(CheckColumn, fmt.Sprintf("%s%s.%s (%s) counts into %s.%s (%s), matched on %s (%s)",
 			prefix, src.sql, r.ident(c.Key), key.Full, tgt.sql, r.ident(c.Column), col.Full, r.ident(c.TargetKey), tkey.Full))
 	}
+	return nil
+}
+
+// checkExtremum checks a max or min counter: its column is of a type
+// walcount keeps the extremum of (counter.ExtremumBase), the counter column
+// has the same type, and an index on the source's (key, column) lets the
+// flush find a key's extremum again when its rows change (one finding per
+// source, key and column, naming every counter it concerns).
+func (r *run) checkExtremum(c counter.Counter, src, tgt *table, v, col counter.Column, colFound bool, bad, badConfig func(msg, fix string), i int) error {
+	ext, fn := c.Extremum()
+	name := fmt.Sprintf("%s.%s", src.sql, r.ident(ext))
+	switch {
+	case v.Generated:
+		badConfig(fmt.Sprintf("counter %s: %s column %s is a generated column, which the WAL does not carry", c.Name, fn, name),
+			r.configFix(c, fmt.Sprintf("set counters[%d].%s in %s to a column the application writes", i, fn, r.configFileName())))
+		return nil
+	case !counter.ExtremumBase(v.BaseOID):
+		badConfig(fmt.Sprintf("counter %s: %s column %s is %s: it must be smallint, integer, bigint, numeric, date, timestamp or timestamptz", c.Name, fn, name, v.Full),
+			r.configFix(c, fmt.Sprintf("set counters[%d].%s in %s to a column of one of those types", i, fn, r.configFileName())))
+		return nil
+	}
+	switch {
+	case !colFound:
+		r.problem(CheckColumn, fmt.Sprintf("counter %s: counter column %s.%s does not exist", c.Name, tgt.sql, r.ident(c.Column)),
+			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s; then walcount reconcile", tgt.sql, r.ident(c.Column), v.Full))
+		return nil
+	case col.Generated:
+		bad(fmt.Sprintf("counter %s: counter column %s.%s is a generated column and cannot be updated", c.Name, tgt.sql, r.ident(c.Column)), "")
+		return nil
+	case col.BaseOID != v.BaseOID && !(col.IntegerBase() && v.IntegerBase()):
+		bad(fmt.Sprintf("counter %s: counter column %s.%s is %s but its %s column %s is %s: it must hold the same type", c.Name, tgt.sql, r.ident(c.Column), col.Full, fn, name, v.Full),
+			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s;", tgt.sql, r.ident(c.Column), v.Full))
+		return nil
+	}
+	// The flush reads max(column) or min(column) of each changed key: with
+	// an index whose leading columns are (key, column) it is one index
+	// probe, without it a scan of the key's rows.
+	cols := []string{ext}
+	if !c.Keyless() {
+		cols = []string{c.Key, ext}
+	}
+	once := "extremum index " + src.sql + "." + strings.Join(cols, ",")
+	if r.once[once] {
+		return nil
+	}
+	r.once[once] = true
+	var has bool
+	err := r.conn.QueryRow(r.ctx, `
+SELECT EXISTS (SELECT 1 FROM pg_index i
+  WHERE i.indrelid = $1 AND i.indisvalid AND i.indnkeyatts >= cardinality($2::text[])
+    AND (SELECT array_agg(a.attname::text ORDER BY k.ord) FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+         WHERE k.ord <= cardinality($2::text[])) = $2::text[])`, src.OID, cols).Scan(&has)
+	if err != nil {
+		if r.ctx.Err() != nil {
+			return r.ctx.Err()
+		}
+		return r.queryFailed(CheckColumn, "counter "+c.Name+": index", err)
+	}
+	var names []string
+	for _, o := range r.cfg.Counters {
+		if oe, _ := o.Extremum(); o.Source == c.Source && oe == ext && o.Key == c.Key {
+			names = append(names, o.Name)
+		}
+	}
+	idx := make([]string, len(cols))
+	for j, cn := range cols {
+		idx[j] = r.ident(cn)
+	}
+	if has {
+		r.ok(CheckColumn, fmt.Sprintf("counter %s: an index on %s (%s) finds a key's %s when its rows change", strings.Join(names, ", "), src.sql, strings.Join(idx, ", "), fn))
+		return nil
+	}
+	r.warn(CheckColumn, fmt.Sprintf("counter %s: %s has no index on (%s): when a key's rows change, the flush finds its %s again by reading every row of the key",
+		strings.Join(names, ", "), src.sql, strings.Join(idx, ", "), fn),
+		fmt.Sprintf("CREATE INDEX CONCURRENTLY ON %s (%s);", src.sql, strings.Join(idx, ", ")))
 	return nil
 }
 
