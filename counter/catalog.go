@@ -272,7 +272,6 @@ func ExtremumBase(oid uint32) bool {
 	return false
 }
 
-
 // ExtremumTypes checks the types of an extremum counter: the max or min
 // column is one ExtremumBase accepts, and the counter column has the same
 // base type (or both are integers). A counter that is no extremum passes.

@@ -622,7 +622,7 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 				dropped += d
 				attempted += hi - lo
 			}
-			out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped})
+			out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
 		}
 		if err := f.carry(ctx, tx, out, page); err != nil {
 			return cursor, false, false, err
@@ -843,6 +843,8 @@ type outcome struct {
 type counted struct {
 	counter          string
 	flushed, dropped int64
+	// extremum: the keys flushed were recomputes of a max or min.
+	extremum bool
 }
 
 type parkedKey struct {
@@ -937,7 +939,7 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 			flushed += n
 			dropped += d
 		}
-		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped})
+		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
 	}
 	if err := f.carry(ctx, tx, out, loaded); err != nil {
 		return false, err
@@ -1266,6 +1268,9 @@ func (f *Flusher) markInheritedMoves(ctx context.Context, tx pgx.Tx, moves []cou
 func (f *Flusher) committedCarry(out *outcome) {
 	for _, c := range out.counts {
 		f.opt.Metrics.DeltasFlushed.WithLabelValues(c.counter).Add(float64(c.flushed))
+		if c.extremum {
+			f.opt.Metrics.ExtremumRecomputes.WithLabelValues(c.counter).Add(float64(c.flushed))
+		}
 		f.opt.Tally.Add(c.counter, counter.TallyFlushed, c.flushed)
 		if c.dropped > 0 {
 			// The target rows went away; the Rails buffer pattern drops
