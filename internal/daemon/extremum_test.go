@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/reconcile"
 )
@@ -201,6 +202,140 @@ func TestExtremumKinds(t *testing.T) {
 	extremumLoad(ctx, t, e, 2, 60)
 	e.waitCaughtUp(catchUp)
 	e.assertNone("after a TRUNCATE and churn", extremumTruth)
+	e.assertHealthy(d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const visibleLateSchema = `
+CREATE TABLE posts (id bigint PRIMARY KEY, newest timestamptz);
+CREATE TABLE comments (id bigserial PRIMARY KEY, post_id bigint NOT NULL, at timestamptz NOT NULL);
+ALTER TABLE comments REPLICA IDENTITY FULL;
+CREATE INDEX ON comments (post_id, at);
+INSERT INTO posts VALUES (1), (2);
+INSERT INTO comments (post_id, at) SELECT 1 + g % 2, timestamptz '2026-01-01 00:00:00+00' + g * interval '1 hour' FROM generate_series(1, 20) g;
+`
+
+const visibleLateTruth = `
+SELECT p.id::text, format('%s', p.newest), format('%s', t.n)
+FROM posts p CROSS JOIN LATERAL (SELECT max(c.at) AS n FROM comments c WHERE c.post_id = p.id) t
+WHERE p.newest IS DISTINCT FROM t.n`
+
+// TestExtremumCommitVisibleLate deletes the newest comment of a post in a
+// transaction whose commit waits for a synchronous standby: its commit is
+// in the WAL, and so in walcount's stream, while every other session still
+// sees the row. A flush that recomputed the post then would keep the
+// deleted comment's time for good; walcount waits until the transactions
+// waiting for a synchronous standby have ended.
+func TestExtremumCommitVisibleLate(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, visibleLateSchema, func(e *env) {
+		e.cfg = e.loadConfig(testSettings + `
+counters:
+  - {name: post_newest, source: comments, key: post_id, target: posts, target_key: id, column: newest, max: at}
+`)
+	})
+	ctx := context.Background()
+	// Only the app's session below waits for the standby that never
+	// comes; every other commit (walcount's, the test's) is local.
+	e.exec("ALTER SYSTEM SET synchronous_commit = 'local'")
+	e.exec("SELECT pg_reload_conf()")
+	waitFor(t, "synchronous_commit reloaded", func() bool {
+		var v string
+		return e.db.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v) == nil && v == "local"
+	})
+	d := e.start()
+	if run := waitRun(t, d, 0); run.Status != "done" {
+		t.Fatalf("backfill %+v, want done", run)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after the backfill", visibleLateTruth)
+
+	app, err := pgx.Connect(ctx, e.pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = app.Close(context.Background()) })
+	var pid int
+	if err := app.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+	e.exec("SELECT pg_reload_conf()")
+	t.Cleanup(func() {
+		_, _ = e.db.Exec(context.Background(), "ALTER SYSTEM RESET synchronous_standby_names")
+		_, _ = e.db.Exec(context.Background(), "SELECT pg_reload_conf()")
+	})
+	waitFor(t, "synchronous_standby_names reloaded", func() bool {
+		var v string
+		return app.QueryRow(ctx, "SHOW synchronous_standby_names").Scan(&v) == nil && v == "nobody"
+	})
+
+	// The checkpointer turns synchronous replication on a little after
+	// the reload: until it has, a commit does not wait, and the delete is
+	// made again on the newest comment left.
+	var done chan error
+	for attempt := 0; ; attempt++ {
+		done = make(chan error, 1)
+		go func() {
+			_, err := app.Exec(ctx, "DELETE FROM comments WHERE id = (SELECT id FROM comments WHERE post_id = 1 ORDER BY at DESC LIMIT 1)")
+			done <- err
+		}()
+		waiting := false
+		waitFor(t, "the app's commit waiting for the standby, or done", func() bool {
+			err := e.db.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep')", pid).Scan(&waiting)
+			return (err == nil && waiting) || len(done) > 0
+		})
+		if waiting {
+			break
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if attempt == 5 {
+			t.Fatal("the app's commits do not wait for the synchronous standby")
+		}
+	}
+	// The commit is in the WAL: walcount either flushes past it or waits
+	// for it to be visible.
+	var flushed cdc.LSN
+	if err := e.db.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&flushed); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "walcount past the commit or waiting for it", func() bool {
+		w, err := e.checkpoint(ctx)
+		if err == nil && w >= flushed {
+			t.Logf("walcount flushed past the commit (W %s)", w)
+			return true
+		}
+		var waiting bool
+		err = e.db.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE '%walcount: wait for ' || 'synchronous standbys%')").Scan(&waiting)
+		if err == nil && waiting {
+			t.Log("walcount waits for the commit to be visible")
+		}
+		return err == nil && waiting
+	})
+	var visible bool
+	if err := e.db.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM comments WHERE post_id = 1 AND at = (SELECT newest FROM posts WHERE id = 1))").Scan(&visible); err != nil {
+		t.Fatal(err)
+	}
+	if visible {
+		t.Fatal("the deleted comment is visible as deleted before the standby confirmed: the test did not make the window")
+	}
+	// The standby never confirms: the app gives up waiting, and the
+	// delete, committed locally, becomes visible.
+	e.exec("SELECT pg_cancel_backend($1)", pid)
+	if err := <-done; err != nil {
+		t.Logf("the app's delete: %v", err)
+	}
+	e.exec("ALTER SYSTEM RESET synchronous_standby_names")
+	e.exec("SELECT pg_reload_conf()")
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after a commit that was visible late", visibleLateTruth)
 	e.assertHealthy(d)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
