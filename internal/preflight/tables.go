@@ -376,6 +376,31 @@ func (r *run) checkExtremum(c counter.Counter, src, tgt *table, v, col counter.C
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s;", tgt.sql, r.ident(c.Column), v.Full))
 		return nil
 	}
+	if !r.once["extremum stats"] {
+		// Before a recompute the flush waits for the transactions that
+		// wait for a synchronous standby (in the stream, not yet visible),
+		// which pg_stat_activity shows only to a role that may read every
+		// session's statistics.
+		r.once["extremum stats"] = true
+		var sees bool
+		var standbys string
+		err := r.conn.QueryRow(r.ctx, `SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER'),
+  current_setting('synchronous_standby_names')`).Scan(&sees, &standbys)
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return r.ctx.Err()
+			}
+			return r.queryFailed(CheckPrivilege, "counter "+c.Name+": pg_read_all_stats", err)
+		}
+		if !sees {
+			msg := fmt.Sprintf("role %s is not a member of pg_read_all_stats: a max or min counter cannot see the transactions that wait for a synchronous standby (committed in the WAL, not yet visible), and a recompute during that wait could keep a deleted maximum until reconciliation", r.user)
+			if standbys != "" {
+				r.warn(CheckPrivilege, msg+fmt.Sprintf(" (synchronous_standby_names is %q)", standbys), fmt.Sprintf("GRANT pg_read_all_stats TO %s;", r.ident(r.user)))
+			} else {
+				r.ok(CheckPrivilege, msg+"; synchronous_standby_names is empty, so no commit waits: grant it before turning synchronous replication on")
+			}
+		}
+	}
 	// The flush reads max(column) or min(column) of each changed key: with
 	// an index whose leading columns are (key, column) it is one index
 	// probe, without it a scan of the key's rows.
