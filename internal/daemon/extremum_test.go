@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/reconcile"
 )
 
@@ -245,12 +247,17 @@ counters:
 		var v string
 		return e.db.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v) == nil && v == "local"
 	})
-	d := e.start()
+	m := metrics.New()
+	d := e.start(func(o *Options) { o.Metrics = m })
 	if run := waitRun(t, d, 0); run.Status != "done" {
 		t.Fatalf("backfill %+v, want done", run)
 	}
 	e.waitCaughtUp(catchUp)
 	e.assertNone("after the backfill", visibleLateTruth)
+	recomputed := recomputes(t, m, "post_newest")
+	if recomputed < 2 {
+		t.Fatalf("walcount_extremum_recomputes_total{counter=post_newest} is %v after the backfill of 2 posts, want at least 2", recomputed)
+	}
 
 	app, err := pgx.Connect(ctx, e.pg.URL())
 	if err != nil {
@@ -336,8 +343,21 @@ counters:
 	e.exec("SELECT pg_reload_conf()")
 	e.waitCaughtUp(catchUp)
 	e.assertNone("after a commit that was visible late", visibleLateTruth)
+	if got := recomputes(t, m, "post_newest"); got <= recomputed {
+		t.Fatalf("walcount_extremum_recomputes_total{counter=post_newest} is %v, want more than %v after the delete", got, recomputed)
+	}
 	e.assertHealthy(d)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// recomputes reads walcount_extremum_recomputes_total of a counter.
+func recomputes(t *testing.T, m *metrics.Metrics, name string) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := m.ExtremumRecomputes.WithLabelValues(name).Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetCounter().GetValue()
 }
