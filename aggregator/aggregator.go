@@ -158,6 +158,8 @@ type Aggregator struct {
 	// with a counter value already in them (a restore, a copy).
 	truncated map[string]bool
 	seeded    map[string]bool
+	// extremum holds the names of the max and min counters.
+	extremum map[string]bool
 	// stray maps the append_only counters whose source this transaction
 	// updated or deleted from to the source's name.
 	stray map[string]string
@@ -184,7 +186,14 @@ func New(opt Options) *Aggregator {
 	if opt.Metrics == nil {
 		opt.Metrics = metrics.New()
 	}
+	extremum := map[string]bool{}
+	for _, c := range opt.Counters {
+		if v, _ := c.Extremum(); v != "" {
+			extremum[c.Name] = true
+		}
+	}
 	return &Aggregator{
+		extremum:  extremum,
 		opt:       opt,
 		log:       opt.Logger,
 		rules:     make(map[*cdc.Relation][]rule),
@@ -453,7 +462,19 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 			// of them, so the old contribution equals the new one.
 			continue
 		}
-		if oldC.ok && newC.ok && oldC.amount == newC.amount && string(oldC.key) == string(newC.key) {
+		if oldC.ok && newC.ok && oldC.amount == newC.amount && string(oldC.key) == string(newC.key) && string(oldC.val) == string(newC.val) {
+			continue
+		}
+		if r.ext >= 0 {
+			// An extremum: the key's rows changed, so its column is
+			// computed again at the flush (see counter.Resolved.Extremum).
+			// Only positive counts, so that no sum of them cancels.
+			if oldC.ok {
+				a.addKey(r.counter, oldC.key, 1)
+			}
+			if newC.ok && (!oldC.ok || string(oldC.key) != string(newC.key)) {
+				a.addKey(r.counter, newC.key, 1)
+			}
 			continue
 		}
 		if oldC.ok && oldC.amount != 0 {
@@ -503,7 +524,17 @@ func (a *Aggregator) addKey(name string, key []byte, n int64) {
 	}
 }
 
-func (a *Aggregator) add(field string, n int64) { a.txn.add(field, n) }
+// add adds n to field. A delta of an extremum counter (a correction, a
+// flush's crossing undone) only asks for a recompute: it is counted as +1,
+// so that no sum of its deltas cancels to zero.
+func (a *Aggregator) add(field string, n int64) {
+	if n != 0 && len(a.extremum) > 0 {
+		if name, _, ok := counter.SplitField(field); ok && a.extremum[name] {
+			n = 1
+		}
+	}
+	a.txn.add(field, n)
+}
 
 // commit merges the transaction into the pending batch, or runs it as a
 // barrier when it truncated a source table.

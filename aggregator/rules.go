@@ -37,7 +37,11 @@ type rule struct {
 	// names (their indexes); sum is then -1.
 	derive *counter.Derivation
 	inputs map[string]int
-	where  []filter
+	// ext is the column index of an extremum's max or min column, or -1:
+	// a change of the key's rows is counted as a recompute (+1), not as
+	// an amount.
+	ext   int
+	where []filter
 	// cols lists every column the rule reads, for identity checks.
 	cols []int
 	// degraded is set when the replica identity lacks a column the rule
@@ -62,6 +66,8 @@ type contribution struct {
 	ok     bool
 	key    []byte
 	amount int64
+	// val is an extremum's value (nil when NULL: it counts nowhere).
+	val []byte
 }
 
 // bindRules binds the counters whose source is rel to rel's columns. It
@@ -76,7 +82,7 @@ func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations, de
 		if !rels.Is(c.Source, rel) {
 			continue
 		}
-		r := rule{counter: c.Name, key: -1, sum: -1}
+		r := rule{counter: c.Name, key: -1, sum: -1, ext: -1}
 		if c.Keyless() {
 			// A total with no key: every row counts into the one key,
 			// which walcount check makes sure is written in the text
@@ -113,6 +119,12 @@ func bindRules(rel *cdc.Relation, counters []counter.Counter, rels Relations, de
 			}
 			r.scale = scale
 			r.boolSum = rel.Columns[r.sum].TypeOID == pgtype.BoolOID
+		}
+		if v, fn := c.Extremum(); v != "" {
+			if r.ext = rel.ColumnIndex(v); r.ext < 0 {
+				return nil, fmt.Errorf("counter %s: %w: %s column %q is not in %s", c.Name, ErrNotAttributable, fn, v, rel.QualifiedName())
+			}
+			r.cols = append(r.cols, r.ext)
 		}
 		for _, cd := range c.Conds() {
 			i := rel.ColumnIndex(cd.Column)
@@ -198,6 +210,17 @@ func (r *rule) contribute(t, alt cdc.Tuple) (contribution, error) {
 			return contribution{}, nil // a row with no target counts nowhere
 		}
 		c.key = k.Data
+	}
+	if r.ext >= 0 {
+		v, err := value(t, alt, r.ext)
+		if err != nil {
+			return contribution{}, err
+		}
+		if v.Kind == cdc.ValueNull {
+			return contribution{}, nil // max and min ignore NULLs
+		}
+		c.val = v.Data
+		return c, nil
 	}
 	if r.derive != nil {
 		v, null, err := r.derive.Eval(func(col string) ([]byte, bool, error) {

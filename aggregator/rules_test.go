@@ -85,6 +85,51 @@ func TestRuleAlgebra(t *testing.T) {
 	}
 }
 
+// TestExtremumRule: a change of a key's rows for a max counter is a
+// recompute (+1) of each key involved, never a negative delta; a change of
+// nothing it reads is none; NULL values count nowhere; a correction or a
+// crossing undone (add) counts +1 too.
+func TestExtremumRule(t *testing.T) {
+	latest := counter.Counter{Name: "latest", Source: "likes", Key: "post_id", Max: "weight", Where: map[string]*string{"state": strp("active")}}
+	tests := []struct {
+		name     string
+		op       cdc.Op
+		old, new cdc.Tuple
+		want     map[string]int64
+	}{
+		{"insert", cdc.OpInsert, cdc.Tuple{}, row(txt("7"), txt("active"), txt("5")), map[string]int64{"latest:7": 1}},
+		{"insert of a null value", cdc.OpInsert, cdc.Tuple{}, row(txt("7"), txt("active"), null), map[string]int64{}},
+		{"insert outside the filter", cdc.OpInsert, cdc.Tuple{}, row(txt("7"), txt("gone"), txt("5")), map[string]int64{}},
+		{"delete", cdc.OpDelete, row(txt("7"), txt("active"), txt("5")), cdc.Tuple{}, map[string]int64{"latest:7": 1}},
+		{"value lowered", cdc.OpUpdate, row(txt("7"), txt("active"), txt("5")), row(txt("7"), txt("active"), txt("2")), map[string]int64{"latest:7": 1}},
+		{"value to null", cdc.OpUpdate, row(txt("7"), txt("active"), txt("5")), row(txt("7"), txt("active"), null), map[string]int64{"latest:7": 1}},
+		{"leaves the filter", cdc.OpUpdate, row(txt("7"), txt("active"), txt("5")), row(txt("7"), txt("gone"), txt("5")), map[string]int64{"latest:7": 1}},
+		{"moves", cdc.OpUpdate, row(txt("7"), txt("active"), txt("5")), row(txt("8"), txt("active"), txt("5")), map[string]int64{"latest:7": 1, "latest:8": 1}},
+		{"unchanged", cdc.OpUpdate, row(txt("7"), txt("active"), txt("5")), row(txt("7"), txt("active"), txt("5")), map[string]int64{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := New(Options{Counters: []counter.Counter{latest, countAll}})
+			ev := cdc.Event{Kind: cdc.KindChange, Op: tc.op, Rel: likesRel, Old: tc.old, New: tc.new}
+			if err := a.change(&ev); err != nil {
+				t.Fatal(err)
+			}
+			got := a.txn.toMap()
+			delete(got, "likes:7")
+			delete(got, "likes:8")
+			if !maps.Equal(got, tc.want) {
+				t.Fatalf("deltas = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	a := New(Options{Counters: []counter.Counter{latest, countAll}})
+	a.add("latest:7", -12345)
+	a.add("likes:7", -3)
+	if got, want := a.txn.toMap(), map[string]int64{"latest:7": 1, "likes:7": -3}; !maps.Equal(got, want) {
+		t.Fatalf("corrections = %v, want %v", got, want)
+	}
+}
+
 func TestRuleErrors(t *testing.T) {
 	byDefault := &cdc.Relation{ID: 2, Namespace: "public", Name: "likes", ReplicaIdentity: 'd',
 		Columns: []cdc.Column{{Name: "id", Key: true}, {Name: "post_id"}}}

@@ -172,6 +172,14 @@ type Resolved struct {
 	Scale int
 	// IntKey is true for integer target keys, which sort numerically.
 	IntKey bool
+	// Extremum is set for a max or min counter: its deltas only count the
+	// changes of each key (always positive), and Flush sets the column of
+	// every key it is given from the source's current rows instead of
+	// adding them.
+	Extremum bool
+	// FlushArgs are bound after Flush's $1 and $2 (an extremum's filter
+	// values).
+	FlushArgs []any
 	// Flush adds deltas: $1 keys (text[]), $2 deltas (bigint[]), to the
 	// rows it can lock at once. It returns the keys (of $1) it did not
 	// update, each with whether a row has it (present) and whether the
@@ -260,11 +268,61 @@ func bind(c Counter, src, tgt *Table) (*Resolved, error) {
 				c.Name, ErrBadTarget, tgt.Ident(), colName, col.Base, c.Sum, scale, tgt.Ident(), colName)
 		}
 	}
+	if err := ExtremumTypes(c, src, tgt); err != nil {
+		return nil, err
+	}
 	r := &Resolved{Counter: c, Scale: scale, IntKey: tkey.IntegerBase() && !tkey.Domain}
 	if err := r.buildSQL(src, tgt, key, tkey); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// ErrUnsupportedExtremum is wrapped when an extremum counter's column is
+// of a type walcount does not keep the max or min of, or its counter
+// column cannot hold the values.
+var ErrUnsupportedExtremum = operator.NewError("the max or min column cannot be kept")
+
+// ExtremumBase reports whether a column of base type oid can be the max
+// or min column of a counter: integers, numeric, date, timestamp and
+// timestamptz.
+func ExtremumBase(oid uint32) bool {
+	switch oid {
+	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID, pgtype.NumericOID,
+		pgtype.DateOID, pgtype.TimestampOID, pgtype.TimestamptzOID:
+		return true
+	}
+	return false
+}
+
+// ExtremumTypes checks the types of an extremum counter: the max or min
+// column is one ExtremumBase accepts, and the counter column has the same
+// base type (or both are integers). A counter that is no extremum passes.
+func ExtremumTypes(c Counter, src, tgt *Table) error {
+	v, fn := c.Extremum()
+	if v == "" {
+		return nil
+	}
+	vID := pgx.Identifier{v}.Sanitize()
+	s, ok := src.Columns[v]
+	if !ok {
+		return fmt.Errorf("counter %s: %w: %s column %s.%s does not exist", c.Name, ErrBadTarget, fn, src.Ident(), vID)
+	}
+	if s.Generated {
+		return fmt.Errorf("counter %s: %w: %s column %s.%s is a generated column, which PostgreSQL before 18 does not publish; keep the %s of a stored column",
+			c.Name, ErrUnsupportedExtremum, fn, src.Ident(), vID, fn)
+	}
+	if !ExtremumBase(s.BaseOID) {
+		return fmt.Errorf("counter %s: %w: %s column %s.%s is %s; it must be smallint, integer, bigint, numeric, date, timestamp or timestamptz",
+			c.Name, ErrUnsupportedExtremum, fn, src.Ident(), vID, s.Full)
+	}
+	col := tgt.Columns[c.Column]
+	if col.BaseOID != s.BaseOID && !(col.IntegerBase() && s.IntegerBase()) {
+		colID := pgx.Identifier{c.Column}.Sanitize()
+		return fmt.Errorf("counter %s: %w: %s.%s is %s but the %s column %s.%s is %s; run: ALTER TABLE %s ALTER COLUMN %s TYPE %s",
+			c.Name, ErrUnsupportedExtremum, tgt.Ident(), colID, col.Full, fn, src.Ident(), vID, s.Full, tgt.Ident(), colID, s.Base)
+	}
+	return nil
 }
 
 // sumScale returns the scale c's summed column is buffered at (0 without a

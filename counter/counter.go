@@ -41,6 +41,25 @@ type Counter struct {
 	// reads, and an UPDATE or DELETE that reaches the stream anyway marks
 	// the counter dirty instead of being counted.
 	AppendOnly bool `yaml:"append_only" json:",omitempty"`
+	// Max and Min, when one is set, name a source column whose greatest
+	// (least) value over the counted rows of each key is kept in Column,
+	// NULL when there is none (an extremum). They are omitted from the
+	// recorded definition when empty.
+	Max string `yaml:"max" json:",omitempty"`
+	Min string `yaml:"min" json:",omitempty"`
+}
+
+// Extremum returns the source column an extremum counter keeps the
+// greatest or least value of, and the aggregate that computes it ("max" or
+// "min"); both are empty for counts and sums.
+func (c Counter) Extremum() (column, fn string) {
+	switch {
+	case c.Max != "":
+		return c.Max, "max"
+	case c.Min != "":
+		return c.Min, "min"
+	}
+	return "", ""
 }
 
 // Keyless reports whether c is a total with no key (TargetRow).
@@ -84,6 +103,9 @@ func (c Counter) ReadColumns() []string {
 	}
 	if c.Sum != "" {
 		add(c.Sum)
+	}
+	if v, _ := c.Extremum(); v != "" {
+		add(v)
 	}
 	for _, w := range c.FilterColumns() {
 		add(w)

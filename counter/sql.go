@@ -92,6 +92,16 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 		return b.String()
 	}
 	filter := filterAfter(1)
+	// measured is the bigint a measurement compares: the count or sum in
+	// delta units, or for an extremum a hash of its text in the counter
+	// column's type (0 for NULL, no value), which the cached column is
+	// hashed to alike.
+	measured := scaled(value)
+	ext, fn := c.Extremum()
+	if ext != "" {
+		r.Extremum = true
+		measured = fmt.Sprintf("coalesce(hashtextextended(CAST(%s(s.%s) AS %s)::text, 0), 0)", fn, pgx.Identifier{ext}.Sanitize(), tgt.Columns[c.Column].Full)
+	}
 	// onlyRow restricts target rows t to the one a total with no key is
 	// kept in; nothing for a keyed counter.
 	onlyRow := ""
@@ -103,10 +113,10 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 	if c.Keyless() {
 		// Every filtered source row counts into the one key.
 		r.Truth = fmt.Sprintf(`SELECT r.k, r.v FROM (SELECT %s::text AS k, %s AS v FROM %s s WHERE true%s) r WHERE r.k = ANY ($1::text[])`,
-			quoteLiteral(c.TargetRow), scaled(value), src.Ident(), filter)
+			quoteLiteral(c.TargetRow), measured, src.Ident(), filter)
 	} else {
 		r.Truth = fmt.Sprintf(`SELECT s.%s::text, %s FROM %s s WHERE s.%s = ANY (CAST($1::text[] AS %s[]))%s GROUP BY s.%s`,
-			keyID, scaled(value), src.Ident(), keyID, key.Full, filter, keyID)
+			keyID, measured, src.Ident(), keyID, key.Full, filter, keyID)
 	}
 	// The cached value counts the deltas the flushes carried (design
 	// rule 2): the column and walcount.carried together hold every
@@ -116,6 +126,11 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 			param, strings.ReplaceAll(c.Name, "'", "''"), tkeyID)
 	}
 	cached := scaled("coalesce(t."+col+", 0)") + " + coalesce(wc.delta, 0)"
+	if r.Extremum {
+		// A carried delta of an extremum is a recompute to come, not a
+		// part of the value: the column is measured as it is.
+		cached = "coalesce(hashtextextended(t." + col + "::text, 0), 0)"
+	}
 	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t%s WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
 		tkeyID, cached, tgt.Ident(), carried(2), tkeyID, tkey.Full)
 	r.Total = fmt.Sprintf(`SELECT count(*) FROM %s t WHERE true%s`, tgt.Ident(), onlyRow)
@@ -128,12 +143,47 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 u AS (UPDATE %[2]s AS t SET %[3]s = 0 WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
 SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0%[5]s AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
 		tkeyID, tgt.Ident(), col, scaled("t."+col), onlyRow)
+	if r.Extremum {
+		r.buildExtremumSQL(src, tgt, key, tkey, fn, ext, filterAfter(2), onlyRow)
+	}
 	if c.Keyless() {
-		r.buildKeylessSurvey(tgt, tkey, scaled(value), cached, carried(3+len(r.FilterArgs)), filterAfter(2), src, onlyRow)
+		r.buildKeylessSurvey(tgt, tkey, measured, cached, carried(3+len(r.FilterArgs)), filterAfter(2), src, onlyRow)
 		return nil
 	}
-	r.buildSurvey(src, tgt, key, tkey, scaled(value), cached, carried(3+len(r.FilterArgs)), filterAfter(2))
+	r.buildSurvey(src, tgt, key, tkey, measured, cached, carried(3+len(r.FilterArgs)), filterAfter(2))
 	return nil
+}
+
+// buildExtremumSQL writes the flush and reset statements of a max or min
+// counter. Its deltas only say that a key's rows changed: the flush sets
+// the column of each key it can lock from the source rows its statement's
+// snapshot sees (one index-backed max or min per key, NULL when the key has
+// none), with the same locking, returned keys and parameters as the flush
+// of a count, and the filter values bound after them (FlushArgs). The
+// snapshot sees every transaction the batch holds, and a change committed
+// after it is in a later batch, which sets the column again: idempotent, so
+// nothing needs to be applied exactly once. The reset (a TRUNCATE of the
+// source) sets the column to NULL, and returns each row another
+// transaction holds with -1, whose opposite the flush carries: a
+// recompute.
+func (r *Resolved) buildExtremumSQL(src, tgt *Table, key, tkey Column, fn, ext, filter, onlyRow string) {
+	c := r.Counter
+	col := pgx.Identifier{c.Column}.Sanitize()
+	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
+	match := "true"
+	if !c.Keyless() {
+		match = fmt.Sprintf("s.%s = CAST(d.k AS %s)", pgx.Identifier{c.Key}.Sanitize(), key.Full)
+	}
+	r.FlushArgs = r.FilterArgs
+	r.Flush = fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%[1]s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
+l AS (SELECT t.%[4]s AS id FROM %[2]s AS t WHERE t.%[4]s IN (SELECT d.id FROM d) ORDER BY t.%[4]s FOR NO KEY UPDATE OF t SKIP LOCKED),
+hit AS (UPDATE %[2]s AS t SET %[3]s = (SELECT %[5]s(s.%[6]s) FROM %[7]s AS s WHERE %[8]s%[9]s) FROM d WHERE t.%[4]s = d.id AND t.%[4]s IN (SELECT l.id FROM l) RETURNING d.k)
+SELECT d.k, EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[4]s = d.id), d.id IN (SELECT l.id FROM l)
+FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, tkeyID, fn, pgx.Identifier{ext}.Sanitize(), src.Ident(), match, filter)
+	r.Reset = fmt.Sprintf(`WITH l AS (SELECT t.%[1]s AS k FROM %[2]s AS t WHERE t.%[3]s IS NOT NULL%[4]s FOR NO KEY UPDATE OF t SKIP LOCKED),
+u AS (UPDATE %[2]s AS t SET %[3]s = NULL WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
+SELECT t.%[1]s::text, -1::bigint FROM %[2]s AS t WHERE t.%[3]s IS NOT NULL%[4]s AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
+		tkeyID, tgt.Ident(), col, onlyRow)
 }
 
 // buildSurvey writes the statements of reconcile's survey, which measures

@@ -87,6 +87,14 @@ func Validate(cs []Counter) []Problem {
 		column("target_key", c.TargetKey, true)
 		column("column", c.Column, true)
 		column("sum", c.Sum, false)
+		column("max", c.Max, false)
+		column("min", c.Min, false)
+		switch {
+		case c.Max != "" && c.Min != "":
+			add("min", "a counter keeps max or min, not both: declare two counters")
+		case c.Sum != "" && (c.Max != "" || c.Min != ""):
+			add("sum", "a counter keeps a sum or an extremum (max, min), not both: declare two counters")
+		}
 		for k := range c.Where {
 			column("where."+k, k, true)
 		}
@@ -141,10 +149,11 @@ func Validate(cs []Counter) []Problem {
 				continue
 			}
 			inWhere := slices.Contains(d.FilterColumns(), c.Column)
-			if (d.Key != "" && c.Column == d.Key) || inWhere {
+			ext, _ := d.Extremum()
+			if (d.Key != "" && c.Column == d.Key) || (ext != "" && c.Column == ext) || inWhere {
 				ps = append(ps, Problem{
 					Field: FieldPath(i, c.Name) + ".column",
-					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key or where column of a counted table (only a sum may read it)", c.Target, c.Column, j, d.Name),
+					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key, max, min or where column of a counted table (only a sum may read it)", c.Target, c.Column, j, d.Name),
 				})
 			}
 		}

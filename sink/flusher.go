@@ -606,6 +606,9 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 		if updating.IsZero() {
 			updating = time.Now()
 		}
+		if err := f.awaitVisible(ctx, tx, batches); err != nil {
+			return cursor, false, false, err
+		}
 		for _, b := range batches {
 			var flushed, dropped int64
 			for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
@@ -622,7 +625,7 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 				dropped += d
 				attempted += hi - lo
 			}
-			out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped})
+			out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
 		}
 		if err := f.carry(ctx, tx, out, page); err != nil {
 			return cursor, false, false, err
@@ -843,6 +846,8 @@ type outcome struct {
 type counted struct {
 	counter          string
 	flushed, dropped int64
+	// extremum: the keys flushed were recomputes of a max or min.
+	extremum bool
 }
 
 type parkedKey struct {
@@ -921,6 +926,9 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 	if err != nil {
 		return false, err
 	}
+	if err := f.awaitVisible(ctx, tx, batches); err != nil {
+		return false, err
+	}
 	for _, b := range batches {
 		var flushed, dropped int64
 		for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
@@ -937,7 +945,7 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 			flushed += n
 			dropped += d
 		}
-		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped})
+		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
 	}
 	if err := f.carry(ctx, tx, out, loaded); err != nil {
 		return false, err
@@ -1094,6 +1102,72 @@ func (f *Flusher) planMoved(fields map[string]int64, carried map[string]*state.C
 	return batches, out, nil
 }
 
+// Bounds of awaitVisible.
+const (
+	visibleWait = 5 * time.Second
+	visiblePoll = 2 * time.Millisecond
+)
+
+// awaitVisible makes the extremum batches' recomputes see every
+// transaction they were handed: a transaction's commit is in the WAL, and
+// so in the stream, before other sessions see it, and with synchronous
+// replication it stays invisible until a synchronous standby confirms it
+// (the backend waits with wait_event SyncRep, its transaction committed in
+// the WAL and the commit log, its xid still running). A recompute then
+// would miss a delete and keep the deleted maximum for good. So the flush
+// waits until the transactions waiting for a standby when it starts have
+// ended (visible to the next statement's snapshot, READ COMMITTED), at
+// most visibleWait. A transaction that starts waiting later committed
+// after the batch's transactions were all in the WAL, so it is in a later
+// batch, which recomputes its keys. After visibleWait the extremum keys
+// are recomputed anyway and marked dirty, for reconciliation to measure.
+// pg_stat_activity shows other roles' transactions only to a role with
+// pg_read_all_stats (or a superuser). Batches of counts and sums do not
+// wait: their deltas come from the stream.
+func (f *Flusher) awaitVisible(ctx context.Context, tx pgx.Tx, batches []*attemptBatch) error {
+	var ext []*attemptBatch
+	for _, b := range batches {
+		if b.t.Extremum && len(b.keys) > 0 {
+			ext = append(ext, b)
+		}
+	}
+	if len(ext) == 0 {
+		return nil
+	}
+	var late []string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(a.backend_xid::text), '{}') FROM pg_stat_activity a
+WHERE a.wait_event = 'SyncRep' AND a.backend_xid IS NOT NULL AND a.pid <> pg_backend_pid()`).Scan(&late); err != nil {
+		return fmt.Errorf("read the transactions waiting for a synchronous standby: %w", err)
+	}
+	deadline := time.Now().Add(visibleWait)
+	for len(late) > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(visiblePoll):
+		}
+		// pg_stat_activity is read once per transaction unless cleared.
+		if _, err := tx.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil {
+			return fmt.Errorf("wait for the transactions waiting for a synchronous standby: %w", err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT /* walcount: wait for synchronous standbys */ coalesce(array_agg(x), '{}') FROM unnest($1::text[]) AS x
+WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_xid = x::xid)`, late).Scan(&late); err != nil {
+			return fmt.Errorf("wait for the transactions waiting for a synchronous standby: %w", err)
+		}
+		if len(late) > 0 && time.Now().After(deadline) {
+			f.log.Warn("transactions committed in the WAL still wait for a synchronous standby: max and min counters are recomputed without them and marked dirty for reconciliation",
+				zap.Strings("xids", late), zap.Duration("waited", visibleWait))
+			for _, b := range ext {
+				if err := state.MarkDirty(ctx, tx, f.opt.Slot, b.t.Counter.Name, slices.Clone(b.keys), "a max or min was recomputed while a transaction committed in the WAL waited for a synchronous standby"); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
 // chunk runs the flush statement on one chunk of keys and sorts its keys
 // into out: applied, without a row (missed), deferred (their row is
 // locked by another transaction) or parked. In careful mode the chunk runs
@@ -1111,7 +1185,7 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		key             string
 		present, locked bool
 	}
-	rows, err := tx.Query(ctx, b.t.Flush, keys, deltas)
+	rows, err := tx.Query(ctx, b.t.Flush, append([]any{keys, deltas}, b.t.FlushArgs...)...)
 	var res []notHit
 	if err == nil {
 		res, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (notHit, error) {
@@ -1266,6 +1340,9 @@ func (f *Flusher) markInheritedMoves(ctx context.Context, tx pgx.Tx, moves []cou
 func (f *Flusher) committedCarry(out *outcome) {
 	for _, c := range out.counts {
 		f.opt.Metrics.DeltasFlushed.WithLabelValues(c.counter).Add(float64(c.flushed))
+		if c.extremum {
+			f.opt.Metrics.ExtremumRecomputes.WithLabelValues(c.counter).Add(float64(c.flushed))
+		}
 		f.opt.Tally.Add(c.counter, counter.TallyFlushed, c.flushed)
 		if c.dropped > 0 {
 			// The target rows went away; the Rails buffer pattern drops

@@ -193,6 +193,8 @@ type fileCounter struct {
 	TargetKey  string               `yaml:"target_key"`
 	Column     string               `yaml:"column"`
 	Sum        string               `yaml:"sum"`
+	Max        string               `yaml:"max"`
+	Min        string               `yaml:"min"`
 	Where      map[string]yaml.Node `yaml:"where"`
 	TargetRow  yaml.Node            `yaml:"target_row"`
 	AppendOnly bool                 `yaml:"append_only"`
@@ -285,6 +287,8 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 			TargetKey:  col("target_key", fc.TargetKey),
 			Column:     col("column", fc.Column),
 			Sum:        col("sum", fc.Sum),
+			Max:        col("max", fc.Max),
+			Min:        col("min", fc.Min),
 			AppendOnly: fc.AppendOnly,
 		}
 		if n := fc.TargetRow; n.Kind != 0 && n.Tag != "!!null" && !(n.Kind == yaml.ScalarNode && n.Value == "") {

@@ -38,7 +38,7 @@ func TestParseErrors(t *testing.T) {
 			b.WriteString(f.k + ": " + v + "\n")
 		}
 		for k, v := range repl {
-			if k == "sum" || k == "where" || k == "target_row" {
+			if k == "sum" || k == "where" || k == "target_row" || k == "max" || k == "min" {
 				b.WriteString("    " + k + ": " + v + "\n")
 			}
 		}
@@ -83,7 +83,7 @@ func TestParseErrors(t *testing.T) {
 			[]string{"walcount.yaml: counters[1] (b).column: public.posts.likes_count is already written by counters[0] (a): two counters cannot write one column"}},
 		{"counter column feeds a counter", "counters:\n" + counter("a", nil) +
 			counter("b", map[string]string{"source": "posts", "key": "likes_count", "target": "users", "column": "n"}),
-			[]string{"walcount.yaml: counters[0] (a).column: public.posts.likes_count is read by counters[1] (b): a counter column cannot be a key or where column of a counted table (only a sum may read it)"}},
+			[]string{"walcount.yaml: counters[0] (a).column: public.posts.likes_count is read by counters[1] (b): a counter column cannot be a key, max, min or where column of a counted table (only a sum may read it)"}},
 		{"counter columns summed in a cycle", "counters:\n" +
 			counter("a", map[string]string{"source": "users", "key": "id", "sum": "total", "target": "posts", "column": "likes_count"}) +
 			counter("b", map[string]string{"source": "posts", "key": "id", "sum": "likes_count", "target": "users", "column": "total"}),
@@ -97,6 +97,13 @@ func TestParseErrors(t *testing.T) {
 			[]string{"walcount.yaml:8: counters[0] (a).where.state: the list is empty, and would match no row"}},
 		{"where nested list", "counters:\n" + counter("a", map[string]string{"where": "{state: [[1]]}"}),
 			[]string{"walcount.yaml:8: counters[0] (a).where.state: a list holds values only"}},
+		{"max and min", "counters:\n" + counter("a", map[string]string{"max": "created_at", "min": "created_at"}),
+			[]string{"walcount.yaml: counters[0] (a).min: a counter keeps max or min, not both: declare two counters"}},
+		{"sum and max", "counters:\n" + counter("a", map[string]string{"sum": "n", "max": "created_at"}),
+			[]string{"walcount.yaml: counters[0] (a).sum: a counter keeps a sum or an extremum (max, min), not both: declare two counters"}},
+		{"max of a counter column", "counters:\n" + counter("a", nil) +
+			counter("b", map[string]string{"source": "posts", "key": "author_id", "max": "likes_count", "target": "users", "column": "top"}),
+			[]string{"walcount.yaml: counters[0] (a).column: public.posts.likes_count is read by counters[1] (b): a counter column cannot be a key, max, min or where column of a counted table (only a sum may read it)"}},
 		{"target_row with a key", "counters:\n" + counter("a", map[string]string{"target_row": "1"}),
 			[]string{"walcount.yaml: counters[0] (a).key: a counter with target_row has no key"}},
 		{"where mapping", "counters:\n" + counter("a", map[string]string{"where": "\n      state: {a: 1}"}),

@@ -208,6 +208,9 @@ func New(opt Options) (*Daemon, error) {
 	rdb := redisconn.New(ropt, opt.Logger)
 	for _, c := range cfg.Counters {
 		opt.Metrics.InitCounter(c.Name)
+		if v, _ := c.Extremum(); v != "" {
+			opt.Metrics.InitExtremum(c.Name)
+		}
 	}
 	d := &Daemon{
 		opt:     opt,

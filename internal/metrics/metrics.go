@@ -190,6 +190,9 @@ type Metrics struct {
 	FlushDuration prometheus.Histogram
 	// DeltasFlushed counts non-zero deltas written, by counter.
 	DeltasFlushed *prometheus.CounterVec
+	// ExtremumRecomputes counts the max and min columns the flushes set
+	// again from their source rows, by counter.
+	ExtremumRecomputes *prometheus.CounterVec
 	// DeltasDropped counts deltas whose target row did not exist, by
 	// counter.
 	DeltasDropped *prometheus.CounterVec
@@ -316,6 +319,10 @@ func New() *Metrics {
 			Namespace: Namespace, Name: "deltas_flushed_total",
 			Help: "Non-zero deltas applied to counter columns, by counter.",
 		}, []string{LabelCounter}),
+		ExtremumRecomputes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "extremum_recomputes_total",
+			Help: "Max and min columns set again from their source rows by the flushes (one index probe each), by counter.",
+		}, []string{LabelCounter}),
 		DeltasDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "deltas_dropped_total",
 			Help: "Deltas dropped because their target row does not exist, by counter.",
@@ -369,7 +376,7 @@ func New() *Metrics {
 		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds, m.AckHeldBytes, m.StandbyWaitSeconds,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
 		m.WaitingForSlot, m.SessionFailures, m.StreamTimeouts,
-		m.Flushes, m.FlushErrors, m.FlushPieces, m.FlushDuration, m.DeltasFlushed, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
+		m.Flushes, m.FlushErrors, m.FlushPieces, m.FlushDuration, m.DeltasFlushed, m.ExtremumRecomputes, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
 		m.ForgedMessages,
 		m.FlushKeysDeferred, m.FlushOldestDeferredSeconds, m.KeysParked,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
@@ -456,6 +463,10 @@ func (m *Metrics) InitCounter(name string) {
 	m.ReconcileKeysChecked.WithLabelValues(name)
 	m.CounterDirty.WithLabelValues(name).Set(0)
 }
+
+// InitExtremum creates the labelled series of a max or min counter at
+// zero (see InitCounter).
+func (m *Metrics) InitExtremum(name string) { m.ExtremumRecomputes.WithLabelValues(name) }
 
 // streamingGauge is walcount_streaming. A walcount that streams holds its
 // slot, so setting it to 1 ends a wait for the slot: the daemon sets

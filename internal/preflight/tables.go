@@ -258,7 +258,14 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 	}
 
 	col, found := tgt.Columns[c.Column]
+	ext, fn := c.Extremum()
 	switch {
+	case ext != "":
+		if v, vfound := need(src, ext, fn); vfound {
+			if err := r.checkExtremum(c, src, tgt, v, col, found, bad, badConfig, i); err != nil {
+				return err
+			}
+		}
 	case !found:
 		ok = false
 		r.problem(CheckColumn, fmt.Sprintf("%scounter column %s.%s does not exist", prefix, tgt.sql, r.ident(c.Column)),
@@ -275,7 +282,7 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 			fmt.Sprintf("UPDATE %[1]s SET %[2]s = 0 WHERE %[2]s IS NULL; ALTER TABLE %[1]s ALTER COLUMN %[2]s SET DEFAULT 0, ALTER COLUMN %[2]s SET NOT NULL;", tgt.sql, r.ident(c.Column)))
 	}
 
-	if c.Sum != "" {
+	if c.Sum != "" && ext == "" {
 		if sum, found := need(src, c.Sum, "sum"); found {
 			if !slices.Contains(sumTypes, sum.Base) {
 				// Only the configuration can fix this: the column holds
@@ -335,6 +342,110 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		r.ok(CheckColumn, fmt.Sprintf("%s%s.%s (%s) counts into %s.%s (%s), matched on %s (%s)",
 			prefix, src.sql, r.ident(c.Key), key.Full, tgt.sql, r.ident(c.Column), col.Full, r.ident(c.TargetKey), tkey.Full))
 	}
+	return nil
+}
+
+// checkExtremum checks a max or min counter: its column is of a type
+// walcount keeps the extremum of (counter.ExtremumBase), the counter column
+// has the same type, and an index on the source's (key, column) lets the
+// flush find a key's extremum again when its rows change (one finding per
+// source, key and column, naming every counter it concerns).
+func (r *run) checkExtremum(c counter.Counter, src, tgt *table, v, col counter.Column, colFound bool, bad, badConfig func(msg, fix string), i int) error {
+	ext, fn := c.Extremum()
+	name := fmt.Sprintf("%s.%s", src.sql, r.ident(ext))
+	switch {
+	case v.Generated:
+		badConfig(fmt.Sprintf("counter %s: %s column %s is a generated column, which the WAL does not carry", c.Name, fn, name),
+			r.configFix(c, fmt.Sprintf("set counters[%d].%s in %s to a column the application writes", i, fn, r.configFileName())))
+		return nil
+	case !counter.ExtremumBase(v.BaseOID):
+		badConfig(fmt.Sprintf("counter %s: %s column %s is %s: it must be smallint, integer, bigint, numeric, date, timestamp or timestamptz", c.Name, fn, name, v.Full),
+			r.configFix(c, fmt.Sprintf("set counters[%d].%s in %s to a column of one of those types", i, fn, r.configFileName())))
+		return nil
+	}
+	switch {
+	case !colFound:
+		r.problem(CheckColumn, fmt.Sprintf("counter %s: counter column %s.%s does not exist", c.Name, tgt.sql, r.ident(c.Column)),
+			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s; then walcount reconcile", tgt.sql, r.ident(c.Column), v.Full))
+		return nil
+	case col.Generated:
+		bad(fmt.Sprintf("counter %s: counter column %s.%s is a generated column and cannot be updated", c.Name, tgt.sql, r.ident(c.Column)), "")
+		return nil
+	case col.BaseOID != v.BaseOID && !(col.IntegerBase() && v.IntegerBase()):
+		bad(fmt.Sprintf("counter %s: counter column %s.%s is %s but its %s column %s is %s: it must hold the same type", c.Name, tgt.sql, r.ident(c.Column), col.Full, fn, name, v.Full),
+			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s;", tgt.sql, r.ident(c.Column), v.Full))
+		return nil
+	}
+	if !r.once["extremum stats"] {
+		// Before a recompute the flush waits for the transactions that
+		// wait for a synchronous standby (in the stream, not yet visible),
+		// which pg_stat_activity shows only to a role that may read every
+		// session's statistics.
+		r.once["extremum stats"] = true
+		var sees bool
+		var standbys string
+		err := r.conn.QueryRow(r.ctx, `SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER'),
+  current_setting('synchronous_standby_names')`).Scan(&sees, &standbys)
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return r.ctx.Err()
+			}
+			return r.queryFailed(CheckPrivilege, "counter "+c.Name+": pg_read_all_stats", err)
+		}
+		if !sees {
+			msg := fmt.Sprintf("role %s is not a member of pg_read_all_stats: a max or min counter cannot see the transactions that wait for a synchronous standby (committed in the WAL, not yet visible), and a recompute during that wait could keep a deleted maximum until reconciliation", r.user)
+			if standbys != "" {
+				r.warn(CheckPrivilege, msg+fmt.Sprintf(" (synchronous_standby_names is %q)", standbys), fmt.Sprintf("GRANT pg_read_all_stats TO %s;", r.ident(r.user)))
+			} else {
+				r.ok(CheckPrivilege, msg+"; synchronous_standby_names is empty, so no commit waits: grant it before turning synchronous replication on")
+			}
+		}
+	}
+	// The flush reads max(column) or min(column) of each changed key: with
+	// an index whose leading columns are (key, column) it is one index
+	// probe, without it a scan of the key's rows.
+	cols := []string{ext}
+	if !c.Keyless() {
+		cols = []string{c.Key, ext}
+	}
+	once := "extremum index " + src.sql + "." + strings.Join(cols, ",")
+	if r.once[once] {
+		return nil
+	}
+	r.once[once] = true
+	var has bool
+	err := r.conn.QueryRow(r.ctx, `
+SELECT EXISTS (SELECT 1 FROM pg_index i
+  WHERE i.indrelid = $1 AND i.indisvalid AND i.indnkeyatts >= cardinality($2::text[]) AND (i.indpred IS NULL OR $3)
+    AND (SELECT array_agg(a.attname::text ORDER BY k.ord) FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+         WHERE k.ord <= cardinality($2::text[])) = $2::text[])`, src.OID, cols, len(c.Conds()) > 0).Scan(&has)
+	if err != nil {
+		if r.ctx.Err() != nil {
+			return r.ctx.Err()
+		}
+		return r.queryFailed(CheckIndex, "counter "+c.Name+": index", err)
+	}
+	var names []string
+	for _, o := range r.cfg.Counters {
+		if oe, _ := o.Extremum(); o.Source == c.Source && oe == ext && o.Key == c.Key {
+			names = append(names, o.Name)
+		}
+	}
+	idx := make([]string, len(cols))
+	for j, cn := range cols {
+		idx[j] = r.ident(cn)
+	}
+	if has {
+		r.ok(CheckIndex, fmt.Sprintf("counter %s: an index on %s (%s) finds a key's %s when its rows change", strings.Join(names, ", "), src.sql, strings.Join(idx, ", "), fn))
+		return nil
+	}
+	fix := fmt.Sprintf("CREATE INDEX CONCURRENTLY ON %s (%s);", src.sql, strings.Join(idx, ", "))
+	if len(c.Conds()) > 0 {
+		fix += " (or a partial index with the counter's where as its WHERE)"
+	}
+	r.warn(CheckIndex, fmt.Sprintf("counter %s: no index on %s (%s): when a key's rows change, the flush finds its %s again by reading every row of the key",
+		strings.Join(names, ", "), src.sql, strings.Join(idx, ", "), fn), fix)
 	return nil
 }
 

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/walcount/walcount/internal/testkit/testenv"
+)
+
+// TestExtremumSurvivesKill9 runs the real binary on max and min counters
+// (the newest comment of each post, filtered; the lowest score; a
+// site-wide maximum), kills it with SIGKILL twice while the app keeps
+// deleting and editing the current maximum, and checks every post against
+// SQL's max and min once a last daemon has caught up.
+func TestExtremumSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, testenv.Database(t), `
+CREATE TABLE posts (id bigint PRIMARY KEY, newest timestamptz, low_score integer);
+CREATE TABLE site (id integer PRIMARY KEY, top_score bigint);
+INSERT INTO site VALUES (1);
+CREATE TABLE comments (id bigserial PRIMARY KEY, post_id bigint, at timestamptz, score integer, hidden boolean NOT NULL DEFAULT false);
+ALTER TABLE comments REPLICA IDENTITY FULL;
+CREATE INDEX ON comments (post_id, at);
+CREATE INDEX ON comments (post_id, score);
+CREATE INDEX ON comments (score);
+INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;`)
+	path := c.writeConfig(`
+counters:
+  - {name: post_newest, source: comments, key: post_id, target: posts, target_key: id, column: newest, max: at, where: { hidden: false }}
+  - {name: post_low, source: comments, key: post_id, target: posts, target_key: id, column: low_score, min: score}
+  - {name: site_top, source: comments, target: site, target_key: id, target_row: 1, column: top_score, max: score}
+`)
+	addr := unusedAddr(t)
+	env := []string{"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + c.redis, "WALCOUNT_SLOT=" + c.slot,
+		"WALCOUNT_HTTP_ADDR=" + addr, "WALCOUNT_FLUSH_INTERVAL=100ms", "WALCOUNT_CONFIG=" + path}
+	if code, _, _ := walcount(t, env, "setup"); code != exitOK {
+		t.Fatalf("setup: exit %d", code)
+	}
+	pool, err := pgxpool.New(context.Background(), c.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var failed sync.Map
+	for w := range 3 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w+40), uint64(time.Now().UnixNano())))
+			for ctx.Err() == nil {
+				post := 1 + rng.Int64N(20)
+				newest := "(SELECT id FROM comments WHERE post_id = $1 ORDER BY at DESC NULLS LAST LIMIT 1)"
+				var err error
+				switch k := rng.IntN(10); {
+				case k < 4:
+					_, err = pool.Exec(ctx, "INSERT INTO comments (post_id, at, score) VALUES ($1, now() - $2 * interval '1 ms', $3)", post, rng.IntN(5000), rng.IntN(1000)-500)
+				case k < 6:
+					_, err = pool.Exec(ctx, "DELETE FROM comments WHERE id = "+newest, post)
+				case k < 7:
+					_, err = pool.Exec(ctx, "DELETE FROM comments WHERE id = (SELECT id FROM comments ORDER BY score DESC NULLS LAST LIMIT 1)")
+				case k < 8:
+					_, err = pool.Exec(ctx, "UPDATE comments SET hidden = NOT hidden, score = score + 7 WHERE id = "+newest, post)
+				default:
+					_, err = pool.Exec(ctx, "UPDATE comments SET post_id = $2 WHERE id = "+newest, post, 1+rng.Int64N(20))
+				}
+				if err != nil && ctx.Err() == nil {
+					failed.Store(err.Error(), true)
+				}
+			}
+		})
+	}
+	for round := range 2 {
+		p := startWalcount(t, env, "run")
+		waitStreaming(t, p, addr)
+		time.Sleep(time.Duration(300+rand.IntN(700)) * time.Millisecond)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-p.done
+		t.Logf("round %d: killed with SIGKILL while streaming", round)
+	}
+	last := startWalcount(t, env, "run")
+	waitStreaming(t, last, addr)
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	wg.Wait()
+	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
+
+	// The app has stopped: the columns must reach the truth and stay.
+	const off = `
+SELECT count(*) FROM posts p CROSS JOIN LATERAL (
+  SELECT max(c.at) FILTER (WHERE NOT c.hidden) AS n, min(c.score) AS l FROM comments c WHERE c.post_id = p.id) t
+WHERE (p.newest, p.low_score) IS DISTINCT FROM (t.n, t.l)
+  OR (SELECT top_score FROM site) IS DISTINCT FROM (SELECT max(score) FROM comments)`
+	var n int
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		n = c.count(off)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d posts still off a minute after the load ended", n)
+		}
+	}
+	time.Sleep(time.Second)
+	if n = c.count(off); n != 0 {
+		t.Fatalf("%d posts off after they were exact", n)
+	}
+	t.Logf("exact after two SIGKILLs: %d comments", c.count("SELECT count(*) FROM comments"))
+	if code := last.stop(); code != exitOK {
+		t.Fatalf("run exit %d", code)
+	}
+}
