@@ -158,6 +158,10 @@ type Aggregator struct {
 	// with a counter value already in them (a restore, a copy).
 	truncated map[string]bool
 	seeded    map[string]bool
+	// ownFlush: the transaction is one of this slot's flushes (it carries
+	// its marker), whose inserts of target rows are the rows
+	// create_missing counters created, not seeded rows.
+	ownFlush bool
 	// stray maps the append_only counters whose source this transaction
 	// updated or deleted from to the source's name.
 	stray map[string]string
@@ -279,6 +283,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		clear(a.truncated)
 		clear(a.seeded)
 		clear(a.stray)
+		a.ownFlush = false
 		a.lc.resetTxn()
 	case cdc.KindChange:
 		if a.skip {
@@ -573,6 +578,11 @@ func (a *Aggregator) markUnvouched() error {
 			}
 		}
 		clear(a.stray)
+	}
+	if a.ownFlush {
+		// The rows a flush inserted are those its create_missing
+		// counters created, each holding the delta it counted.
+		clear(a.seeded)
 	}
 	if len(a.truncated) == 0 && len(a.seeded) == 0 {
 		return nil

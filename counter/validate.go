@@ -114,6 +114,18 @@ func Validate(cs []Counter) []Problem {
 			}
 		}
 
+		for _, k := range sortedKeys(c.Defaults) {
+			column("create_missing.defaults."+k, k, true)
+			switch {
+			case !c.CreateMissing:
+				add("create_missing.defaults."+k, "defaults are for create_missing")
+			case k == c.TargetKey:
+				add("create_missing.defaults."+k, "%q is the target_key: a created row takes the key", k)
+			case k == c.Column:
+				add("create_missing.defaults."+k, "%q is the counter column: a created row's column starts at the key's delta", k)
+			}
+		}
+
 		if tgtOK && c.Column != "" {
 			if c.Column == c.TargetKey {
 				add("column", "%q is also the target_key", c.Column)

@@ -635,6 +635,7 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 			total.missed[k] = true
 		}
 		total.parked = append(total.parked, out.parked...)
+		total.created = append(total.created, out.created...)
 		total.counts = append(total.counts, out.counts...)
 		maps.Copy(prior, f.prior)
 		keys += len(page)
@@ -838,6 +839,14 @@ type outcome struct {
 	// counts are the keys applied and dropped per counter, for the
 	// metrics once the flush committed.
 	counts []counted
+	// created are the keys whose target row the flush created
+	// (create_missing).
+	created []createdKey
+}
+
+type createdKey struct {
+	counter, key string
+	delta        int64
 }
 
 type counted struct {
@@ -1110,12 +1119,19 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 	type notHit struct {
 		key             string
 		present, locked bool
+		// created: a create_missing counter's statement created the
+		// key's row (counter.createFlush).
+		created bool
 	}
+	creates := b.t.Counter.CreateMissing
 	rows, err := tx.Query(ctx, b.t.Flush, keys, deltas)
 	var res []notHit
 	if err == nil {
 		res, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (notHit, error) {
 			var n notHit
+			if creates {
+				return n, row.Scan(&n.key, &n.present, &n.locked, &n.created)
+			}
 			err := row.Scan(&n.key, &n.present, &n.locked)
 			return n, err
 		})
@@ -1160,6 +1176,10 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		case !ok:
 			out.applied[field] = deltas[i]
 			flushed++
+		case n.created:
+			out.applied[field] = deltas[i]
+			flushed++
+			out.created = append(out.created, createdKey{counter: name, key: k, delta: deltas[i]})
 		case n.locked:
 			// Locked by this statement and not updated: a BEFORE UPDATE
 			// trigger returned NULL for the row.
@@ -1228,6 +1248,44 @@ func (f *Flusher) carry(ctx context.Context, tx pgx.Tx, out *outcome, loaded []s
 			return err
 		}
 	}
+	// A count that starts a created row below zero proves the source
+	// holds rows of the key that no row counted (rows older than the
+	// counter's backfill, or than the app's delete of the target row):
+	// the row is created, and its key is marked dirty for every
+	// create_missing counter of the target in the same transaction, so
+	// that reconciliation sets each of its columns to the true value.
+	created := map[string]bool{}
+	for _, c := range out.created {
+		if t := f.targets[c.counter]; t != nil {
+			created[t.Counter.Target+"\x00"+c.key] = true
+		}
+	}
+	short := map[string][]string{}
+	var names []string
+	for field, n := range out.applied {
+		name, key, _ := counter.SplitField(field)
+		t := f.targets[name]
+		if n >= 0 || t == nil || t.Counter.Sum != "" || out.missed[field] || !created[t.Counter.Target+"\x00"+key] {
+			continue
+		}
+		for _, o := range f.targets {
+			if !o.Counter.CreateMissing || o.Counter.Target != t.Counter.Target || slices.Contains(short[o.Counter.Name], key) {
+				continue
+			}
+			if _, seen := short[o.Counter.Name]; !seen {
+				names = append(names, o.Counter.Name)
+			}
+			short[o.Counter.Name] = append(short[o.Counter.Name], key)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		slices.Sort(short[name])
+		cause := "a flush created the target row with a negative count: the source has rows of the key that walcount never counted"
+		if err := state.MarkDirty(ctx, tx, f.opt.Slot, name, short[name], cause); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -1273,6 +1331,9 @@ func (f *Flusher) committedCarry(out *outcome) {
 			f.opt.Metrics.DeltasDropped.WithLabelValues(c.counter).Add(float64(c.dropped))
 			f.opt.Tally.Add(c.counter, counter.TallyDropped, c.dropped)
 		}
+	}
+	for _, c := range out.created {
+		f.opt.Metrics.TargetRowsCreated.WithLabelValues(c.counter).Inc()
 	}
 	for _, p := range out.parked {
 		if p.newly {
