@@ -174,3 +174,50 @@ func TestCreateMissingTargetRows(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCreateMissingCrossedByAppInsert: a flush hands over a comment on a
+// post with no aggregate row, and the app creates the row (ON CONFLICT DO
+// NOTHING) before the flush commits: the flush adds the delta to the
+// app's row, and at its marker the delta stays there (without
+// create_missing it would belong to no row and be taken off again).
+func TestCreateMissingCrossedByAppInsert(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, createSchema, func(e *env) { e.cfg = e.loadConfig(createConfig) })
+	ctx := context.Background()
+	d := e.start()
+	if run := waitRun(t, d, 0); run.Status != "done" {
+		t.Fatalf("backfill %+v, want done", run)
+	}
+	e.waitCaughtUp(catchUp)
+	// The flush waits behind the checkpoint row's lock, after its
+	// hand-over.
+	held, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Rollback(context.Background()) })
+	if _, err := held.Exec(ctx, "SELECT 1 FROM walcount.checkpoint FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("INSERT INTO comments (post_id, score, up) VALUES (300, 4, true), (300, 1, false)")
+	waitFor(t, "a flush waiting on the checkpoint", func() bool {
+		var n int
+		_ = e.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%checkpoint%'`).Scan(&n)
+		return n > 0
+	})
+	e.exec("INSERT INTO post_aggregates (post_id, score, label) VALUES (300, 0, 'app') ON CONFLICT (post_id) DO NOTHING")
+	if err := held.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("INSERT INTO comments (post_id, score, up) VALUES (1, 1, NULL)")
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after a flush crossed the app's creation of the row", createTruth)
+	var label string
+	if err := e.db.QueryRow(ctx, "SELECT label FROM post_aggregates WHERE post_id = 300").Scan(&label); err != nil || label != "app" {
+		t.Fatalf("post 300's row: label %q (%v), want the app's", label, err)
+	}
+	e.assertHealthy(d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
