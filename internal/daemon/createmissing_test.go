@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,13 +146,22 @@ func TestCreateMissingTargetRows(t *testing.T) {
 
 	// Killed right after committing a flush that created rows: the next
 	// session neither inserts them again nor adds their deltas twice.
+	// The hook runs after each flush's commit and crashes after the
+	// first one that created any of the rows of posts 100 to 109.
 	fp = &failpoint.Set{}
-	disarm = fp.CrashAfter(failpoint.AfterCommit, 1)
+	var crashed atomic.Bool
+	disarm = fp.Arm(failpoint.AfterCommit, func() error {
+		var n int
+		if err := e.db.QueryRow(context.Background(), "SELECT count(*) FROM post_aggregates WHERE post_id >= 100").Scan(&n); err != nil || n == 0 || crashed.Swap(true) {
+			return nil
+		}
+		return failpoint.ErrCrash
+	})
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	d = e.start(func(o *Options) { o.Failpoints = fp })
 	e.exec("INSERT INTO comments (post_id, score, up) SELECT 100 + g % 10, g, true FROM generate_series(1, 50) g")
+	d = e.start(func(o *Options) { o.Failpoints = fp })
 	if err := d.wait(t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
 		t.Fatalf("daemon returned %v, want the simulated crash", err)
 	}
