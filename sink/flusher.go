@@ -817,6 +817,12 @@ func isDataError(err error) bool {
 	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "P0") || pe.Code == "42501"
 }
 
+// isLockTimeout reports whether err is lock_timeout's.
+func isLockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
 // IsTransient reports whether a flush failed on a wait walcount bounds
 // itself (lock_timeout on a table lock, statement_timeout): nothing was
 // applied, and the next flush tries again.
@@ -1111,7 +1117,13 @@ func (f *Flusher) planMoved(fields map[string]int64, carried map[string]*state.C
 // *dataError naming the chunk. It returns the keys applied and dropped.
 func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []string, deltas []int64, careful bool, id string, out *outcome) (flushed, dropped int64, err error) {
 	name := b.t.Counter.Name
-	if careful {
+	creates := b.t.Counter.CreateMissing
+	// A create_missing chunk runs in a savepoint too: its INSERT waits
+	// for an app transaction inserting the same key (no SKIP LOCKED for a
+	// unique index), up to lock_timeout; the chunk is then split until
+	// that key is alone, and the key is carried like a locked row.
+	guarded := careful || creates
+	if guarded {
 		if _, err := tx.Exec(ctx, "SAVEPOINT walcount_chunk"); err != nil {
 			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
 		}
@@ -1123,7 +1135,6 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		// key's row (counter.createFlush).
 		created bool
 	}
-	creates := b.t.Counter.CreateMissing
 	rows, err := tx.Query(ctx, b.t.Flush, keys, deltas)
 	var res []notHit
 	if err == nil {
@@ -1135,6 +1146,28 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 			err := row.Scan(&n.key, &n.present, &n.locked)
 			return n, err
 		})
+	}
+	if err != nil && creates && isLockTimeout(err) {
+		for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
+			if _, rerr := tx.Exec(ctx, q); rerr != nil {
+				return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", name, rerr, err)
+			}
+		}
+		if len(keys) == 1 {
+			c := state.Carried{Counter: name, Key: keys[0], Delta: deltas[0]}
+			if p, ok := f.prior[counter.Field(name, keys[0])]; ok {
+				c.Since = p.Since
+			}
+			out.carry = append(out.carry, c)
+			return 0, 0, nil
+		}
+		mid := len(keys) / 2
+		n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], careful, id, out)
+		if err != nil {
+			return 0, 0, err
+		}
+		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], careful, id, out)
+		return n1 + n2, d1 + d2, err
 	}
 	if err != nil {
 		if !isDataError(err) {
@@ -1160,7 +1193,7 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], true, id, out)
 		return n1 + n2, d1 + d2, err
 	}
-	if careful {
+	if guarded {
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT walcount_chunk"); err != nil {
 			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
 		}

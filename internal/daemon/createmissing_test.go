@@ -231,3 +231,53 @@ func TestCreateMissingCrossedByAppInsert(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCreateMissingAppInsertInProgress: the app inserts a post's
+// aggregate row and keeps its transaction open. The flush's INSERT of that
+// key would wait for it (a unique index has no SKIP LOCKED): it gives up
+// after lock_timeout, carries that key alone, and every other key, created
+// or updated, is applied meanwhile; once the app commits, the carried
+// delta lands on the app's row.
+func TestCreateMissingAppInsertInProgress(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, createSchema, func(e *env) { e.cfg = e.loadConfig(createConfig) })
+	ctx := context.Background()
+	d := e.start()
+	if run := waitRun(t, d, 0); run.Status != "done" {
+		t.Fatalf("backfill %+v, want done", run)
+	}
+	held, err := e.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Rollback(context.Background()) })
+	if _, err := held.Exec(ctx, "INSERT INTO post_aggregates (post_id, score, label) VALUES (500, 0, 'app')"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("INSERT INTO comments (post_id, score, up) VALUES (500, 3, true), (501, 4, false), (1, 5, NULL)")
+	others := `SELECT count(*) FROM post_aggregates a JOIN (SELECT post_id, count(*) AS n, sum(score) AS s FROM comments GROUP BY post_id) c
+  ON c.post_id = a.post_id WHERE a.post_id IN (1, 501) AND (a.comments, a.score) = (c.n, c.s)`
+	waitFor(t, "the other keys applied while post 500's insert is in progress", func() bool {
+		var n int
+		_ = e.db.QueryRow(ctx, others).Scan(&n)
+		return n == 2
+	})
+	waitFor(t, "post 500 carried", func() bool {
+		for _, c := range e.carried() {
+			if c.Key == "500" {
+				return true
+			}
+		}
+		return false
+	})
+	if err := held.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitNoCarried()
+	e.waitCaughtUp(catchUp)
+	e.assertNone("after the app's insert committed", createTruth)
+	e.assertHealthy(d)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
