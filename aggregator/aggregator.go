@@ -160,6 +160,10 @@ type Aggregator struct {
 	seeded    map[string]bool
 	// extremum holds the names of the max and min counters.
 	extremum map[string]bool
+	// ownFlush: the transaction is one of this slot's flushes (it carries
+	// its marker), whose inserts of target rows are the rows
+	// create_missing counters created, not seeded rows.
+	ownFlush bool
 	// stray maps the append_only counters whose source this transaction
 	// updated or deleted from to the source's name.
 	stray map[string]string
@@ -288,6 +292,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		clear(a.truncated)
 		clear(a.seeded)
 		clear(a.stray)
+		a.ownFlush = false
 		a.lc.resetTxn()
 	case cdc.KindChange:
 		if a.skip {
@@ -604,6 +609,11 @@ func (a *Aggregator) markUnvouched() error {
 			}
 		}
 		clear(a.stray)
+	}
+	if a.ownFlush {
+		// The rows a flush inserted are those its create_missing
+		// counters created, each holding the delta it counted.
+		clear(a.seeded)
 	}
 	if len(a.truncated) == 0 && len(a.seeded) == 0 {
 		return nil

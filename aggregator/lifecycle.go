@@ -268,6 +268,7 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 	if slot != a.opt.Slot {
 		return true, nil // another walcount's flush
 	}
+	a.ownFlush = true
 	var deltas map[string]int64
 	var missed map[string]bool
 	known := false
@@ -312,7 +313,7 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 		// it: a row the UPDATE locked could not be deleted or re-keyed
 		// before the flush committed. So when the key hit a row and the
 		// row it was counted for still has the key, they are the same.
-		should, went := follow(f, crossed), !missed[f]
+		should, went := follow(f, crossed, a.createsRows(f)), !missed[f]
 		if should == f && went {
 			continue // the same row
 		}
@@ -339,12 +340,14 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 // follow walks the events of the flush's crossing: where the delta on f
 // belonged, the row that had key f at the hand-over followed through its
 // key changes; "" once deleted, or when no row had key f then (its first
-// event is an insert).
-func follow(f string, events []lifeEvent) string {
+// event is an insert), unless creates: a create_missing counter's delta
+// for a key with no row belongs to the row that gets the key next, the
+// one the flush created or one the application inserted first.
+func follow(f string, events []lifeEvent, creates bool) string {
 	should := f
 	first := true
 	for _, e := range events {
-		if e.field == f && e.insert && first {
+		if e.field == f && e.insert && first && !creates {
 			should = ""
 		}
 		if should != "" && !e.insert && e.field == should {
@@ -355,4 +358,16 @@ func follow(f string, events []lifeEvent) string {
 		}
 	}
 	return should
+}
+
+// createsRows reports whether the counter of field creates missing target
+// rows (create_missing).
+func (a *Aggregator) createsRows(field string) bool {
+	name, _, _ := counter.SplitField(field)
+	for _, c := range a.opt.Counters {
+		if c.Name == name {
+			return c.CreateMissing
+		}
+	}
+	return false
 }

@@ -13,23 +13,29 @@ func TestFollow(t *testing.T) {
 	ren := func(f, to string) lifeEvent { return lifeEvent{field: f, to: to} }
 	ins := func(f string) lifeEvent { return lifeEvent{field: f, insert: true} }
 	tests := []struct {
-		name   string
-		events []lifeEvent
-		should string
+		name    string
+		events  []lifeEvent
+		should  string
+		creates bool
 	}{
-		{"nothing happened to f", []lifeEvent{del("c:2")}, "c:1"},
-		{"deleted", []lifeEvent{del("c:1")}, ""},
-		{"deleted and inserted again", []lifeEvent{del("c:1"), ins("c:1")}, ""},
-		{"renamed", []lifeEvent{ren("c:1", "c:9")}, "c:9"},
-		{"renamed, and a new row takes the key", []lifeEvent{ren("c:1", "c:9"), ins("c:1")}, "c:9"},
-		{"renamed and back", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:1")}, "c:1"},
-		{"renamed, then deleted", []lifeEvent{ren("c:1", "c:9"), del("c:9")}, ""},
-		{"renamed twice", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:7")}, "c:7"},
-		{"another row renamed onto the key", []lifeEvent{del("c:1"), ren("c:5", "c:1")}, ""},
-		{"inserted first: no row at the hand-over", []lifeEvent{ins("c:1")}, ""},
+		{"nothing happened to f", []lifeEvent{del("c:2")}, "c:1", false},
+		{"deleted", []lifeEvent{del("c:1")}, "", false},
+		{"deleted and inserted again", []lifeEvent{del("c:1"), ins("c:1")}, "", false},
+		{"renamed", []lifeEvent{ren("c:1", "c:9")}, "c:9", false},
+		{"renamed, and a new row takes the key", []lifeEvent{ren("c:1", "c:9"), ins("c:1")}, "c:9", false},
+		{"renamed and back", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:1")}, "c:1", false},
+		{"renamed, then deleted", []lifeEvent{ren("c:1", "c:9"), del("c:9")}, "", false},
+		{"renamed twice", []lifeEvent{ren("c:1", "c:9"), ren("c:9", "c:7")}, "c:7", false},
+		{"another row renamed onto the key", []lifeEvent{del("c:1"), ren("c:5", "c:1")}, "", false},
+		{"inserted first: no row at the hand-over", []lifeEvent{ins("c:1")}, "", false},
+		// create_missing: the delta of a key with no row belongs to the
+		// row that takes the key next (the flush's own or the app's).
+		{"created: the row inserted after the hand-over is the key's", []lifeEvent{ins("c:1")}, "c:1", true},
+		{"created, then deleted", []lifeEvent{ins("c:1"), del("c:1")}, "", true},
+		{"deleted, then created", []lifeEvent{del("c:1"), ins("c:1")}, "", true},
 	}
 	for _, tt := range tests {
-		if should := follow("c:1", tt.events); should != tt.should {
+		if should := follow("c:1", tt.events, tt.creates); should != tt.should {
 			t.Errorf("%s: follow = %q; want %q", tt.name, should, tt.should)
 		}
 	}

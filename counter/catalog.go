@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -92,6 +93,13 @@ type Column struct {
 	// GenExpr is a generated column's expression, as pg_get_expr prints
 	// it.
 	GenExpr string
+	// HasDefault is true when an INSERT that leaves the column out gives
+	// it a value: a DEFAULT, an identity or a generated column.
+	HasDefault bool
+	// Unique is true when a valid unique index, not partial and not on an
+	// expression, has the column as its only key column: ON CONFLICT on
+	// the column can use it.
+	Unique bool
 }
 
 // IntegerBase reports whether the column's base type is smallint, integer
@@ -129,7 +137,10 @@ SELECT a.attname,
        CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE a.atttypid END,
        CASE WHEN ty.typtype = 'd' THEN ty.typtypmod ELSE a.atttypmod END,
        a.attnotnull, a.attgenerated <> '', a.attgenerated = 'v',
-       coalesce(CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, '')
+       coalesce(CASE WHEN a.attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, ''),
+       a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '',
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indisvalid
+               AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL)
 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.OID)
@@ -138,7 +149,7 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, t.OID)
 	}
 	var col string
 	var c Column
-	_, err = pgx.ForEachRow(rows, []any{&col, &c.Base, &c.Full, &c.TypeOID, &c.TypMod, &c.Domain, &c.BaseOID, &c.BaseTypMod, &c.NotNull, &c.Generated, &c.Virtual, &c.GenExpr}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&col, &c.Base, &c.Full, &c.TypeOID, &c.TypMod, &c.Domain, &c.BaseOID, &c.BaseTypMod, &c.NotNull, &c.Generated, &c.Virtual, &c.GenExpr, &c.HasDefault, &c.Unique}, func() error {
 		t.Columns[col] = c
 		return nil
 	})
@@ -271,6 +282,11 @@ func bind(c Counter, src, tgt *Table) (*Resolved, error) {
 	if err := ExtremumTypes(c, src, tgt); err != nil {
 		return nil, err
 	}
+	if c.CreateMissing {
+		if err := createMissingProblem(c, tgt); err != nil {
+			return nil, err
+		}
+	}
 	r := &Resolved{Counter: c, Scale: scale, IntKey: tkey.IntegerBase() && !tkey.Domain}
 	if err := r.buildSQL(src, tgt, key, tkey); err != nil {
 		return nil, err
@@ -358,4 +374,52 @@ func sumScale(c Counter, src *Table) (int, error) {
 		return 0, fmt.Errorf("counter %s: sum column %s.%s is %s: %w; %s", c.Name, src.Ident(), sumName, s.Full, err, fix)
 	}
 	return scale, nil
+}
+
+// ErrCannotCreate is wrapped when a create_missing counter's target row
+// cannot be created: no unique index for ON CONFLICT on the target key, a
+// NOT NULL column without a value, or a default naming no column.
+var ErrCannotCreate = fmt.Errorf("%w: its target rows cannot be created", ErrBadTarget)
+
+// createMissingProblem reports why the flush could not create c's target
+// rows, nil when it can. walcount check reports the same with fixes.
+func createMissingProblem(c Counter, tgt *Table) error {
+	if tk := tgt.Columns[c.TargetKey]; !tk.Unique {
+		return fmt.Errorf("counter %s: %w: %s.%s has no unique index or constraint of its own, which INSERT ... ON CONFLICT needs",
+			c.Name, ErrCannotCreate, tgt.Ident(), pgx.Identifier{c.TargetKey}.Sanitize())
+	}
+	for _, name := range sortedKeys(c.Defaults) {
+		col, ok := tgt.Columns[name]
+		if !ok {
+			return fmt.Errorf("counter %s: %w: create_missing default for %s.%s, which does not exist",
+				c.Name, ErrCannotCreate, tgt.Ident(), pgx.Identifier{name}.Sanitize())
+		}
+		if col.Generated {
+			return fmt.Errorf("counter %s: %w: create_missing default for %s.%s, a generated column",
+				c.Name, ErrCannotCreate, tgt.Ident(), pgx.Identifier{name}.Sanitize())
+		}
+	}
+	if missing := MissingDefaults(c, tgt); len(missing) > 0 {
+		return fmt.Errorf("counter %s: %w: NOT NULL columns of %s without a default need one in create_missing.defaults: %s",
+			c.Name, ErrCannotCreate, tgt.Ident(), strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// MissingDefaults returns the NOT NULL columns of tgt, sorted, that a row
+// created for c would leave NULL: no DEFAULT and no value in c.Defaults.
+// The target key and the counter column get values of their own.
+func MissingDefaults(c Counter, tgt *Table) []string {
+	var out []string
+	for _, name := range sortedKeys(tgt.Columns) {
+		col := tgt.Columns[name]
+		if !col.NotNull || col.HasDefault || name == c.TargetKey || name == c.Column {
+			continue
+		}
+		if _, ok := c.Defaults[name]; ok {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
 }

@@ -41,6 +41,17 @@ type Counter struct {
 	// reads, and an UPDATE or DELETE that reaches the stream anyway marks
 	// the counter dirty instead of being counted.
 	AppendOnly bool `yaml:"append_only" json:",omitempty"`
+	// CreateMissing makes the flush create the target row of a key that
+	// has none (INSERT ... ON CONFLICT (target_key) DO UPDATE): the
+	// created row's column starts at the key's delta, TargetKey holds the
+	// key, and Defaults gives the other columns their values. It is left
+	// out of the recorded definition: it changes no count of an existing
+	// row, so turning it on or off needs no backfill.
+	CreateMissing bool `yaml:"-" json:"-"`
+	// Defaults maps target columns to the values a created row gets (as
+	// text, cast to the column's type on the server); the columns it does
+	// not name get their declared DEFAULT or NULL.
+	Defaults map[string]string `yaml:"-" json:"-"`
 	// Max and Min, when one is set, name a source column whose greatest
 	// (least) value over the counted rows of each key is kept in Column,
 	// NULL when there is none (an extremum). They are omitted from the

@@ -37,6 +37,10 @@ hit AS (UPDATE %[2]s AS t SET %[3]s = t.%[4]s + %[5]s FROM d WHERE t.%[6]s = d.i
 SELECT d.k, EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[6]s = d.id), d.id IN (SELECT l.id FROM l)
 FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, col, deltaExpr(r.Scale), tkeyID)
 
+	if c.CreateMissing {
+		r.Flush = createFlush(r, tgt, tkey)
+	}
+
 	value := "count(*)"
 	if c.Sum != "" {
 		sumID := pgx.Identifier{c.Sum}.Sanitize()
@@ -274,4 +278,37 @@ func deltaExpr(scale int) string {
 		return "d.delta"
 	}
 	return "d.delta * 0." + strings.Repeat("0", scale-1) + "1"
+}
+
+// createFlush writes the flush statement of a create_missing counter: the
+// statement of buildSQL, which updates the rows it can lock at once and
+// never waits for a row lock, and then, for the keys that have no row in
+// its snapshot, an INSERT of the row with the key, the delta in the column
+// and the declared defaults, ON CONFLICT (target key) DO UPDATE adding the
+// delta: a row another transaction committed since the snapshot gets the
+// delta, and one it is inserting still is waited for (a wait that
+// lock_timeout bounds, as for a table lock: the flush is tried again). It
+// returns the keys it did not update as buildSQL's does, with a fourth
+// column false, and then each key whose row it created, with true there
+// (xmax = 0: the row version is the insert's own, not a conflict's update).
+func createFlush(r *Resolved, tgt *Table, tkey Column) string {
+	c := r.Counter
+	col := pgx.Identifier{c.Column}.Sanitize()
+	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
+	cols := []string{tkeyID, col}
+	vals := []string{"d.id", deltaExpr(r.Scale)}
+	for _, name := range sortedKeys(c.Defaults) {
+		cols = append(cols, pgx.Identifier{name}.Sanitize())
+		vals = append(vals, fmt.Sprintf("CAST(%s AS %s)", quoteLiteral(c.Defaults[name]), tgt.Columns[name].Full))
+	}
+	return fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%[1]s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
+l AS (SELECT t.%[5]s AS id FROM %[2]s AS t WHERE t.%[5]s IN (SELECT d.id FROM d) ORDER BY t.%[5]s FOR NO KEY UPDATE OF t SKIP LOCKED),
+hit AS (UPDATE %[2]s AS t SET %[3]s = t.%[3]s + %[4]s FROM d WHERE t.%[5]s = d.id AND t.%[5]s IN (SELECT l.id FROM l) RETURNING d.k),
+ins AS (INSERT INTO %[2]s AS t (%[6]s) SELECT %[7]s FROM d WHERE NOT EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[5]s = d.id) ORDER BY d.id
+  ON CONFLICT (%[5]s) DO UPDATE SET %[3]s = t.%[3]s + excluded.%[3]s RETURNING t.%[5]s AS id, t.xmax = 0 AS created)
+SELECT d.k, EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[5]s = d.id), d.id IN (SELECT l.id FROM l), false
+FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit) AND d.id NOT IN (SELECT ins.id FROM ins)
+UNION ALL
+SELECT d.k, false, false, true FROM d JOIN ins ON ins.id = d.id WHERE ins.created`,
+		tkey.Full, tgt.Ident(), col, deltaExpr(r.Scale), tkeyID, strings.Join(cols, ", "), strings.Join(vals, ", "))
 }

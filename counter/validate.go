@@ -94,6 +94,8 @@ func Validate(cs []Counter) []Problem {
 			add("min", "a counter keeps max or min, not both: declare two counters")
 		case c.Sum != "" && (c.Max != "" || c.Min != ""):
 			add("sum", "a counter keeps a sum or an extremum (max, min), not both: declare two counters")
+		case c.CreateMissing && (c.Max != "" || c.Min != ""):
+			add("create_missing", "a max or min counter cannot create target rows yet: let a count or sum counter of the same target create them")
 		}
 		for k := range c.Where {
 			column("where."+k, k, true)
@@ -119,6 +121,18 @@ func Validate(cs []Counter) []Problem {
 				}
 			default:
 				add("where."+k, "unknown operator %q", f.Op)
+			}
+		}
+
+		for _, k := range sortedKeys(c.Defaults) {
+			column("create_missing.defaults."+k, k, true)
+			switch {
+			case !c.CreateMissing:
+				add("create_missing.defaults."+k, "defaults are for create_missing")
+			case k == c.TargetKey:
+				add("create_missing.defaults."+k, "%q is the target_key: a created row takes the key", k)
+			case k == c.Column:
+				add("create_missing.defaults."+k, "%q is the counter column: a created row's column starts at the key's delta", k)
 			}
 		}
 

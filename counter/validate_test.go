@@ -35,3 +35,19 @@ func TestValidateMultiLevel(t *testing.T) {
 		t.Fatalf("a counter column as a key: %v", ps)
 	}
 }
+
+// TestValidateCreateMissingExtremum: a max or min counter cannot create
+// target rows (its flush statement is not the upsert); a count of the
+// same target can.
+func TestValidateCreateMissingExtremum(t *testing.T) {
+	newest := Counter{Name: "newest", Source: "comments", Key: "post_id", Target: "post_aggregates", TargetKey: "post_id", Column: "newest", Max: "created_at", CreateMissing: true}
+	ps := Validate([]Counter{newest})
+	if len(ps) != 1 || ps[0].Field != FieldPath(0, "newest")+".create_missing" || !strings.Contains(ps[0].Msg, "cannot create target rows") {
+		t.Fatalf("create_missing on a max counter: %v", ps)
+	}
+	newest.CreateMissing = false
+	count := Counter{Name: "comments", Source: "comments", Key: "post_id", Target: "post_aggregates", TargetKey: "post_id", Column: "comments", CreateMissing: true}
+	if ps := Validate([]Counter{newest, count}); len(ps) != 0 {
+		t.Fatalf("a max beside a count that creates the rows: %v", ps)
+	}
+}

@@ -638,6 +638,7 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 			total.missed[k] = true
 		}
 		total.parked = append(total.parked, out.parked...)
+		total.created = append(total.created, out.created...)
 		total.counts = append(total.counts, out.counts...)
 		maps.Copy(prior, f.prior)
 		keys += len(page)
@@ -819,6 +820,12 @@ func isDataError(err error) bool {
 	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "P0") || pe.Code == "42501"
 }
 
+// isLockTimeout reports whether err is lock_timeout's.
+func isLockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
 // IsTransient reports whether a flush failed on a wait walcount bounds
 // itself (lock_timeout on a table lock, statement_timeout): nothing was
 // applied, and the next flush tries again.
@@ -841,6 +848,14 @@ type outcome struct {
 	// counts are the keys applied and dropped per counter, for the
 	// metrics once the flush committed.
 	counts []counted
+	// created are the keys whose target row the flush created
+	// (create_missing).
+	created []createdKey
+}
+
+type createdKey struct {
+	counter, key string
+	delta        int64
 }
 
 type counted struct {
@@ -1176,7 +1191,13 @@ WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_xid = x::xid)`, l
 // *dataError naming the chunk. It returns the keys applied and dropped.
 func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []string, deltas []int64, careful bool, id string, out *outcome) (flushed, dropped int64, err error) {
 	name := b.t.Counter.Name
-	if careful {
+	creates := b.t.Counter.CreateMissing
+	// A create_missing chunk runs in a savepoint too: its INSERT waits
+	// for an app transaction inserting the same key (no SKIP LOCKED for a
+	// unique index), up to lock_timeout; the chunk is then split until
+	// that key is alone, and the key is carried like a locked row.
+	guarded := careful || creates
+	if guarded {
 		if _, err := tx.Exec(ctx, "SAVEPOINT walcount_chunk"); err != nil {
 			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
 		}
@@ -1184,15 +1205,43 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 	type notHit struct {
 		key             string
 		present, locked bool
+		// created: a create_missing counter's statement created the
+		// key's row (counter.createFlush).
+		created bool
 	}
 	rows, err := tx.Query(ctx, b.t.Flush, append([]any{keys, deltas}, b.t.FlushArgs...)...)
 	var res []notHit
 	if err == nil {
 		res, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (notHit, error) {
 			var n notHit
+			if creates {
+				return n, row.Scan(&n.key, &n.present, &n.locked, &n.created)
+			}
 			err := row.Scan(&n.key, &n.present, &n.locked)
 			return n, err
 		})
+	}
+	if err != nil && creates && isLockTimeout(err) {
+		for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
+			if _, rerr := tx.Exec(ctx, q); rerr != nil {
+				return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", name, rerr, err)
+			}
+		}
+		if len(keys) == 1 {
+			c := state.Carried{Counter: name, Key: keys[0], Delta: deltas[0]}
+			if p, ok := f.prior[counter.Field(name, keys[0])]; ok {
+				c.Since = p.Since
+			}
+			out.carry = append(out.carry, c)
+			return 0, 0, nil
+		}
+		mid := len(keys) / 2
+		n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], careful, id, out)
+		if err != nil {
+			return 0, 0, err
+		}
+		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], careful, id, out)
+		return n1 + n2, d1 + d2, err
 	}
 	if err != nil {
 		if !isDataError(err) {
@@ -1218,7 +1267,7 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], true, id, out)
 		return n1 + n2, d1 + d2, err
 	}
-	if careful {
+	if guarded {
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT walcount_chunk"); err != nil {
 			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
 		}
@@ -1234,6 +1283,10 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		case !ok:
 			out.applied[field] = deltas[i]
 			flushed++
+		case n.created:
+			out.applied[field] = deltas[i]
+			flushed++
+			out.created = append(out.created, createdKey{counter: name, key: k, delta: deltas[i]})
 		case n.locked:
 			// Locked by this statement and not updated: a BEFORE UPDATE
 			// trigger returned NULL for the row.
@@ -1302,6 +1355,44 @@ func (f *Flusher) carry(ctx context.Context, tx pgx.Tx, out *outcome, loaded []s
 			return err
 		}
 	}
+	// A count that starts a created row below zero proves the source
+	// holds rows of the key that no row counted (rows older than the
+	// counter's backfill, or than the app's delete of the target row):
+	// the row is created, and its key is marked dirty for every
+	// create_missing counter of the target in the same transaction, so
+	// that reconciliation sets each of its columns to the true value.
+	created := map[string]bool{}
+	for _, c := range out.created {
+		if t := f.targets[c.counter]; t != nil {
+			created[t.Counter.Target+"\x00"+c.key] = true
+		}
+	}
+	short := map[string][]string{}
+	var names []string
+	for field, n := range out.applied {
+		name, key, _ := counter.SplitField(field)
+		t := f.targets[name]
+		if n >= 0 || t == nil || t.Counter.Sum != "" || out.missed[field] || !created[t.Counter.Target+"\x00"+key] {
+			continue
+		}
+		for _, o := range f.targets {
+			if !o.Counter.CreateMissing || o.Counter.Target != t.Counter.Target || slices.Contains(short[o.Counter.Name], key) {
+				continue
+			}
+			if _, seen := short[o.Counter.Name]; !seen {
+				names = append(names, o.Counter.Name)
+			}
+			short[o.Counter.Name] = append(short[o.Counter.Name], key)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		slices.Sort(short[name])
+		cause := "a flush created the target row with a negative count: the source has rows of the key that walcount never counted"
+		if err := state.MarkDirty(ctx, tx, f.opt.Slot, name, short[name], cause); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -1350,6 +1441,9 @@ func (f *Flusher) committedCarry(out *outcome) {
 			f.opt.Metrics.DeltasDropped.WithLabelValues(c.counter).Add(float64(c.dropped))
 			f.opt.Tally.Add(c.counter, counter.TallyDropped, c.dropped)
 		}
+	}
+	for _, c := range out.created {
+		f.opt.Metrics.TargetRowsCreated.WithLabelValues(c.counter).Inc()
 	}
 	for _, p := range out.parked {
 		if p.newly {

@@ -17,7 +17,8 @@ import (
 // beyond equality (IS NOT NULL, IN, <>), a boolean summed as +1/-1 and a
 // sum over a generated column walcount derives and a site-wide total with
 // no key and a count of an append_only event log (identity: its primary
-// key), kills it with SIGKILL
+// key) and a count into rows walcount creates (create_missing), kills it
+// with SIGKILL
 // twice while the app writes, and checks every post against SQL once a
 // last daemon has caught up.
 func TestKindsSurviveKill9(t *testing.T) {
@@ -32,6 +33,7 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;
 CREATE TABLE site (id integer PRIMARY KEY, votes bigint NOT NULL DEFAULT 0);
 ALTER TABLE posts ADD COLUMN events bigint NOT NULL DEFAULT 0;
 CREATE TABLE events (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
+CREATE TABLE post_stats (post_id bigint PRIMARY KEY, votes bigint NOT NULL, label text NOT NULL);
 INSERT INTO site VALUES (1);`)
 	path := c.writeConfig(`
 counters:
@@ -41,6 +43,8 @@ counters:
   - {name: post_points, source: votes, key: post_id, target: posts, target_key: id, column: points, sum: total}
   - {name: post_events, source: events, key: post_id, target: posts, target_key: id, column: events, append_only: true}
   - {name: site_votes, source: votes, target: site, target_key: id, target_row: 1, column: votes, where: { kind: { not: null } }}
+  - {name: stat_votes, source: votes, key: post_id, target: post_stats, target_key: post_id, column: votes,
+     create_missing: {defaults: {label: walcount}}}
 `)
 	addr := unusedAddr(t)
 	env := []string{"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + c.redis, "WALCOUNT_SLOT=" + c.slot,
@@ -118,7 +122,9 @@ SELECT count(*) FROM posts p CROSS JOIN LATERAL (
   FROM votes v WHERE v.post_id = p.id) t
 WHERE (p.reactions, p.votes, p.points) <> (t.r, t.v, t.p)
   OR (SELECT votes FROM site) <> (SELECT count(*) FROM votes WHERE kind IS NOT NULL)
-  OR p.events <> (SELECT count(*) FROM events e WHERE e.post_id = p.id)`
+  OR p.events <> (SELECT count(*) FROM events e WHERE e.post_id = p.id)
+  OR EXISTS (SELECT 1 FROM (SELECT post_id, count(*) AS n FROM votes WHERE post_id IS NOT NULL GROUP BY post_id) v
+    FULL JOIN post_stats s ON s.post_id = v.post_id WHERE s.post_id IS NULL OR s.votes <> coalesce(v.n, 0))`
 	var n int
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		n = c.count(off)

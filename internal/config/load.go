@@ -186,18 +186,19 @@ type fileConfig struct {
 }
 
 type fileCounter struct {
-	Name       string               `yaml:"name"`
-	Source     string               `yaml:"source"`
-	Key        string               `yaml:"key"`
-	Target     string               `yaml:"target"`
-	TargetKey  string               `yaml:"target_key"`
-	Column     string               `yaml:"column"`
-	Sum        string               `yaml:"sum"`
-	Max        string               `yaml:"max"`
-	Min        string               `yaml:"min"`
-	Where      map[string]yaml.Node `yaml:"where"`
-	TargetRow  yaml.Node            `yaml:"target_row"`
-	AppendOnly bool                 `yaml:"append_only"`
+	Name          string               `yaml:"name"`
+	Source        string               `yaml:"source"`
+	Key           string               `yaml:"key"`
+	Target        string               `yaml:"target"`
+	TargetKey     string               `yaml:"target_key"`
+	Column        string               `yaml:"column"`
+	Sum           string               `yaml:"sum"`
+	Max           string               `yaml:"max"`
+	Min           string               `yaml:"min"`
+	Where         map[string]yaml.Node `yaml:"where"`
+	TargetRow     yaml.Node            `yaml:"target_row"`
+	AppendOnly    bool                 `yaml:"append_only"`
+	CreateMissing yaml.Node            `yaml:"create_missing"`
 }
 
 // decode expands data, decodes it over *cfg and returns the set of
@@ -298,6 +299,12 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 				c.TargetRow = n.Value
 			}
 		}
+		if msgs := createMissing(&c, fc.CreateMissing, col); len(msgs) > 0 {
+			for _, m := range msgs {
+				m.Field = field + ".create_missing" + m.Field
+				problems = append(problems, m)
+			}
+		}
 		if fc.Where != nil {
 			c.Where = make(map[string]*string, len(fc.Where))
 		}
@@ -334,6 +341,73 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 		out[i] = c
 	}
 	return out, problems
+}
+
+// createMissingHelp is the forms create_missing may take.
+const createMissingHelp = "must be true, false or {defaults: {column: value, ...}} (the values the other columns of a created target row get)"
+
+// createMissing reads a counter's create_missing: true, false, or a
+// mapping whose only key is defaults, a mapping of target columns to
+// scalar values. Problems name their field below create_missing.
+func createMissing(c *counter.Counter, n yaml.Node, col func(name, v string) string) []Problem {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = *n.Alias
+	}
+	switch {
+	case n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.Tag == "!!null"):
+		return nil
+	case n.Kind == yaml.ScalarNode && n.Tag == "!!bool":
+		var b bool
+		if err := n.Decode(&b); err != nil {
+			return []Problem{{Line: n.Line, Msg: createMissingHelp}}
+		}
+		c.CreateMissing = b
+		return nil
+	case n.Kind != yaml.MappingNode:
+		return []Problem{{Line: n.Line, Msg: createMissingHelp}}
+	}
+	c.CreateMissing = true
+	var ps []Problem
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Value != "defaults" {
+			ps = append(ps, Problem{Line: k.Line, Field: "." + k.Value, Msg: "unknown key: " + createMissingHelp})
+			continue
+		}
+		if v.Kind == yaml.AliasNode && v.Alias != nil {
+			v = v.Alias
+		}
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+			continue
+		}
+		if v.Kind != yaml.MappingNode {
+			ps = append(ps, Problem{Line: v.Line, Field: ".defaults", Msg: "must be a mapping of target columns to the values a created row gets"})
+			continue
+		}
+		for j := 0; j+1 < len(v.Content); j += 2 {
+			dk, dv := v.Content[j], v.Content[j+1]
+			if dv.Kind == yaml.AliasNode && dv.Alias != nil {
+				dv = dv.Alias
+			}
+			name := col("create_missing.defaults."+dk.Value, dk.Value)
+			switch {
+			case dv.Kind == yaml.ScalarNode && dv.Tag == "!!null":
+				ps = append(ps, Problem{Line: dv.Line, Field: ".defaults." + dk.Value, Msg: "null is what a column without a default gets anyway: leave it out"})
+			case dv.Kind != yaml.ScalarNode:
+				ps = append(ps, Problem{Line: dv.Line, Field: ".defaults." + dk.Value, Msg: "must be a value (a number, a string, true or false)"})
+			default:
+				if _, dup := c.Defaults[name]; dup {
+					ps = append(ps, Problem{Line: dk.Line, Field: ".defaults." + dk.Value, Msg: fmt.Sprintf("column %q is listed twice", name)})
+					continue
+				}
+				if c.Defaults == nil {
+					c.Defaults = map[string]string{}
+				}
+				c.Defaults[name] = dv.Value
+			}
+		}
+	}
+	return ps
 }
 
 // whereHelp is the forms a where value may take.

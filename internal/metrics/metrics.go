@@ -196,6 +196,9 @@ type Metrics struct {
 	// DeltasDropped counts deltas whose target row did not exist, by
 	// counter.
 	DeltasDropped *prometheus.CounterVec
+	// TargetRowsCreated counts target rows a create_missing counter's
+	// flush created, by counter.
+	TargetRowsCreated *prometheus.CounterVec
 	// BufferKeys is the number of keys in the Redis buffer, and carried
 	// by the flushes in walcount.carried.
 	BufferKeys prometheus.Gauge
@@ -327,6 +330,10 @@ func New() *Metrics {
 			Namespace: Namespace, Name: "deltas_dropped_total",
 			Help: "Deltas dropped because their target row does not exist, by counter.",
 		}, []string{LabelCounter}),
+		TargetRowsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "target_rows_created_total",
+			Help: "Target rows created by the flushes of create_missing counters, by counter.",
+		}, []string{LabelCounter}),
 		BufferKeys: gauge("buffer_keys",
 			"Keys waiting in the Redis buffer or carried by the flushes to the next one."),
 		FlushKeysDeferred: gauge("flush_keys_deferred",
@@ -376,7 +383,7 @@ func New() *Metrics {
 		m.CheckpointLSN, m.ReceivedLSN, m.CheckpointAgeSeconds, m.AckHeldBytes, m.StandbyWaitSeconds,
 		m.Transactions, m.Changes, m.QueueBlockedSeconds, m.QueueDepth, m.QueueBytes, m.Streaming,
 		m.WaitingForSlot, m.SessionFailures, m.StreamTimeouts,
-		m.Flushes, m.FlushErrors, m.FlushPieces, m.FlushDuration, m.DeltasFlushed, m.ExtremumRecomputes, m.DeltasDropped, m.BufferKeys, m.ApplyLag,
+		m.Flushes, m.FlushErrors, m.FlushPieces, m.FlushDuration, m.DeltasFlushed, m.ExtremumRecomputes, m.DeltasDropped, m.TargetRowsCreated, m.BufferKeys, m.ApplyLag,
 		m.ForgedMessages,
 		m.FlushKeysDeferred, m.FlushOldestDeferredSeconds, m.KeysParked,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
@@ -459,6 +466,7 @@ func (m *Metrics) InitCounter(name string) {
 	}
 	m.DeltasFlushed.WithLabelValues(name)
 	m.DeltasDropped.WithLabelValues(name)
+	m.TargetRowsCreated.WithLabelValues(name)
 	m.ReconcileCorrections.WithLabelValues(name)
 	m.ReconcileKeysChecked.WithLabelValues(name)
 	m.CounterDirty.WithLabelValues(name).Set(0)

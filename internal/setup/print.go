@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -283,12 +284,13 @@ func printPublication(ctx context.Context, conn *pgx.Conn, p *printer, cfg confi
 // missingGrants returns the GRANT statements that give role (the current
 // one) what walcount does with the counters' tables: SELECT on each source,
 // SELECT on each target's key and counter column, UPDATE on the counter
-// column. Tables that do not exist are skipped.
+// column, and INSERT on the columns a create_missing counter writes a
+// created row with. Tables that do not exist are skipped.
 func missingGrants(ctx context.Context, conn *pgx.Conn, counters []counter.Counter, lookup publication.Lookup, role string) ([]string, error) {
-	type need struct{ sel, upd []string }
+	type need struct{ sel, upd, ins []string }
 	var order []string
 	wants := map[string]*need{}
-	add := func(t *counter.Table, sel, upd []string) {
+	add := func(t *counter.Table, sel, upd, ins []string) {
 		n, ok := wants[t.Ident()]
 		if !ok {
 			n = &need{}
@@ -303,6 +305,11 @@ func missingGrants(ctx context.Context, conn *pgx.Conn, counters []counter.Count
 		for _, c := range upd {
 			if !containsString(n.upd, c) {
 				n.upd = append(n.upd, c)
+			}
+		}
+		for _, c := range ins {
+			if !containsString(n.ins, c) {
+				n.ins = append(n.ins, c)
 			}
 		}
 	}
@@ -323,14 +330,20 @@ func missingGrants(ctx context.Context, conn *pgx.Conn, counters []counter.Count
 			}
 			if !ok {
 				srcOID[src.Ident()] = src.OID
-				add(src, nil, nil)
+				add(src, nil, nil, nil)
 			}
 		}
 		if !tgt.Exists {
 			continue
 		}
-		var sel, upd []string
-		for _, pc := range []struct{ col, priv string }{{c.TargetKey, "SELECT"}, {c.Column, "SELECT"}, {c.Column, "UPDATE"}} {
+		var sel, upd, ins []string
+		privs := []struct{ col, priv string }{{c.TargetKey, "SELECT"}, {c.Column, "SELECT"}, {c.Column, "UPDATE"}}
+		if c.CreateMissing {
+			for _, col := range append([]string{c.TargetKey, c.Column}, sortedNames(c.Defaults)...) {
+				privs = append(privs, struct{ col, priv string }{col, "INSERT"})
+			}
+		}
+		for _, pc := range privs {
 			if _, found := tgt.Columns[pc.col]; !found {
 				continue
 			}
@@ -341,14 +354,17 @@ func missingGrants(ctx context.Context, conn *pgx.Conn, counters []counter.Count
 			if ok {
 				continue
 			}
-			if pc.priv == "SELECT" {
+			switch pc.priv {
+			case "SELECT":
 				sel = append(sel, pgx.Identifier{pc.col}.Sanitize())
-			} else {
+			case "INSERT":
+				ins = append(ins, pgx.Identifier{pc.col}.Sanitize())
+			default:
 				upd = append(upd, pgx.Identifier{pc.col}.Sanitize())
 			}
 		}
-		if len(sel)+len(upd) > 0 {
-			add(tgt, sel, upd)
+		if len(sel)+len(upd)+len(ins) > 0 {
+			add(tgt, sel, upd, ins)
 		}
 	}
 	var out []string
@@ -363,6 +379,9 @@ func missingGrants(ctx context.Context, conn *pgx.Conn, counters []counter.Count
 		}
 		if len(n.upd) > 0 {
 			privs = append(privs, fmt.Sprintf("UPDATE (%s)", strings.Join(n.upd, ", ")))
+		}
+		if len(n.ins) > 0 {
+			privs = append(privs, fmt.Sprintf("INSERT (%s)", strings.Join(n.ins, ", ")))
 		}
 		if len(privs) > 0 {
 			out = append(out, fmt.Sprintf("GRANT %s ON %s TO %s", strings.Join(privs, ", "), name, role))
@@ -390,4 +409,14 @@ func containsString(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// sortedNames returns m's keys, sorted.
+func sortedNames(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
