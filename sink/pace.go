@@ -24,10 +24,20 @@ const (
 	learnTime = 20 * time.Millisecond
 )
 
+// smallKeys: a statement of at most this many keys shows the fixed cost
+// of a statement (its round trips), which the time per key leaves out.
+const smallKeys = 10
+
 // pacer estimates how long a flush statement takes per key, across
-// flushes, and sizes the next statement from it.
+// flushes, and sizes the next statement from it. A statement costs a
+// fixed part (round trips, the page read, the carried rows' write) and a
+// part per key; the fixed part, learnt from the smallest statements, is
+// taken off before the time per key is: else a few statements of a
+// handful of keys on a loaded machine would look like slow rows, size the
+// next statements at a handful of keys, and keep it so.
 type pacer struct {
 	perKey time.Duration // 0 until a statement was timed
+	fixed  time.Duration // the smallest statements' time, 0 until one ran
 }
 
 // size returns how many keys the next statement takes, given the
@@ -61,13 +71,23 @@ func (p *pacer) fits(keys int64, budget time.Duration) bool {
 }
 
 // learn takes the time of a statement of keys keys. A slower pace is
-// taken at once, a faster one gradually: an overestimate costs a few more
+// taken at once, a faster one halfway at a time: an overestimate costs a few more
 // statements, an underestimate a long lock.
 func (p *pacer) learn(keys int, took time.Duration) {
-	if keys <= 0 || (keys < learnKeys && took < learnTime) {
+	if keys <= 0 {
 		return
 	}
-	s := took / time.Duration(keys)
+	if keys <= smallKeys {
+		if p.fixed <= 0 || took < p.fixed {
+			p.fixed = took
+		} else {
+			p.fixed += (took - p.fixed) / 8
+		}
+	}
+	if keys < learnKeys && took < learnTime {
+		return
+	}
+	s := (took - p.fixed) / time.Duration(keys)
 	if s <= 0 {
 		s = 1
 	}
@@ -75,5 +95,5 @@ func (p *pacer) learn(keys int, took time.Duration) {
 		p.perKey = s
 		return
 	}
-	p.perKey = (3*p.perKey + s) / 4
+	p.perKey = (p.perKey + s) / 2
 }

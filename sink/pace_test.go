@@ -54,3 +54,21 @@ func TestPacerShrinksStatementsOfSlowRows(t *testing.T) {
 		t.Fatalf("a one-key statement changed the pace from %s to %s", before, p.perKey)
 	}
 }
+
+// TestPacerLeavesOutTheFixedCost: statements of a few keys that take
+// 20 ms each (round trips on a loaded machine) do not make the pacer take
+// the rows for slow: the statements grow again.
+func TestPacerLeavesOutTheFixedCost(t *testing.T) {
+	const budget = 200 * time.Millisecond
+	p := pacer{perKey: 10 * time.Millisecond} // as if a hiccup taught it
+	last := 2
+	for range 30 {
+		n, _ := p.size(budget, 0, last, 5000)
+		// 20 ms per statement, plus 10 µs a key.
+		p.learn(n, 20*time.Millisecond+time.Duration(n)*10*time.Microsecond)
+		last = n
+	}
+	if last < 1000 {
+		t.Fatalf("statements of %d keys after 30 of them, want them grown back past 1000", last)
+	}
+}
