@@ -119,3 +119,25 @@ func TestSpilledTransactionTruncatesSource(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSpilledTransactionDeletesTarget: a transaction written in parts
+// that then deletes a post and inserts it again: the delete's move runs,
+// at the COMMIT, on the parts written before it (the old row's likes go
+// with it), and the new row's likes after it count.
+func TestSpilledTransactionDeletesTarget(t *testing.T) {
+	t.Parallel()
+	e := spillEnv(t)
+	d := e.start()
+	e.inTransaction(
+		fmt.Sprintf("INSERT INTO likes (post_id) SELECT g FROM generate_series(1, %d) g", spillPosts),
+		"DELETE FROM likes WHERE post_id = 5",
+		"DELETE FROM posts WHERE id = 5",
+		"INSERT INTO posts (id) VALUES (5)",
+		"INSERT INTO likes (post_id) VALUES (5), (5)",
+	)
+	e.waitApplied(spillPosts + 1)
+	e.moreLikesThenExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
