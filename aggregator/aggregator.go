@@ -3,10 +3,12 @@ package aggregator
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -33,6 +35,49 @@ type Buffer interface {
 	// transactions in (prev, last] and moves the chain to last, in one
 	// atomic step; it reports false for a batch already applied.
 	Apply(ctx context.Context, prev, last cdc.LSN, moves []counter.Move, deltas []counter.Delta) (bool, error)
+}
+
+// Spiller is a Buffer that takes a source transaction's deltas before its
+// COMMIT, in parts (buffer.Redis): Spill writes part of a transaction not
+// committed yet, tagged with tag, and returns the parts written so far;
+// ApplyAfter ends it at the COMMIT as Apply would. Until ApplyAfter the
+// buffer is marked as written in parts: nothing hands it over, and a
+// session that starts with it so discards it and replays from W.
+type Spiller interface {
+	Spill(ctx context.Context, prev, tag cdc.LSN, done int, deltas []counter.Delta) (int, error)
+	ApplyAfter(ctx context.Context, prev, last, tag cdc.LSN, done int, moves []counter.Move, deltas []counter.Delta) (bool, error)
+}
+
+// ErrRespill ends a session whose aggregator wrote part of a source
+// transaction to Redis before it met a change that needs the whole
+// transaction in memory (a TRUNCATE of a source, which erases the
+// transaction's earlier deltas). The transaction is refused spilling
+// (Refusals) and the next session, which discards the parts, replays it.
+var ErrRespill = errors.New("a source transaction written to redis in parts before its commit must be replayed whole")
+
+// Refusals remembers, across sessions, the source transactions (by their
+// commit record's start) that must be held whole in memory. Its methods
+// are safe for concurrent use.
+type Refusals struct {
+	mu   sync.Mutex
+	lsns map[cdc.LSN]bool
+}
+
+// Refuse marks the transaction whose commit record starts at lsn.
+func (r *Refusals) Refuse(lsn cdc.LSN) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lsns == nil {
+		r.lsns = map[cdc.LSN]bool{}
+	}
+	r.lsns[lsn] = true
+}
+
+// Refused reports whether the transaction at lsn was refused.
+func (r *Refusals) Refused(lsn cdc.LSN) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lsns[lsn]
 }
 
 // Barrierer applies a TRUNCATE barrier; the sink implements it.
@@ -120,7 +165,14 @@ type Options struct {
 	MaxPendingKeys int
 	// MaxPendingAge: default DefaultMaxPendingAge.
 	MaxPendingAge time.Duration
-	Metrics       *metrics.Metrics
+	// TransactionKeys bounds the distinct keys of one source transaction
+	// held in memory: past it, the transaction's deltas so far are written
+	// to Redis before its COMMIT (Spiller), when the Buffer can and
+	// Refusals is set; 0 holds every transaction whole.
+	TransactionKeys int
+	// Refusals are the transactions to hold whole (see ErrRespill).
+	Refusals *Refusals
+	Metrics  *metrics.Metrics
 	// Tally, when not nil, counts the changes per counter and operation
 	// for /status, across sessions.
 	Tally  *counter.Tally
@@ -147,12 +199,16 @@ type Aggregator struct {
 	forgedLogged bool
 
 	// Current transaction.
-	inTxn  bool
-	skip   bool
-	xid    uint32
-	txn    deltaSet
-	keyBuf []byte
-	resets map[string]bool
+	inTxn bool
+	// begin is the start of its commit record (BEGIN's final LSN);
+	// spilled counts the parts of it written to Redis before its COMMIT.
+	begin   cdc.LSN
+	spilled int
+	skip    bool
+	xid     uint32
+	txn     deltaSet
+	keyBuf  []byte
+	resets  map[string]bool
 	// What the transaction made walcount unable to vouch for (design rule
 	// 17): counters whose target it truncated, and target rows it inserted
 	// with a counter value already in them (a restore, a copy).
@@ -283,6 +339,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 	switch ev.Kind {
 	case cdc.KindBegin:
 		a.inTxn, a.xid = true, ev.Xid
+		a.begin, a.spilled = ev.LSN, 0
 		// ev.LSN is the commit record's start. Commit records do not
 		// overlap, so it lies below prev exactly when the transaction's
 		// end LSN is at or below prev: already applied.
@@ -301,6 +358,11 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		if err := a.change(ev); err != nil {
 			return err
 		}
+		if a.txn.size() >= a.opt.TransactionKeys && a.spillable() {
+			if err := a.spill(ctx); err != nil {
+				return err
+			}
+		}
 		return a.opt.Failpoints.Inject(failpoint.MidTransaction)
 	case cdc.KindTruncate:
 		if a.skip {
@@ -310,6 +372,14 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 			for _, c := range a.opt.Counters {
 				if !a.opt.Relations.Is(c.Source, rel) {
 					continue
+				}
+				if a.spilled > 0 {
+					// The TRUNCATE erases the transaction's earlier
+					// deltas, some of which are in Redis already.
+					a.opt.Refusals.Refuse(a.begin)
+					a.log.Warn("a source transaction written to redis in parts truncates a source: it is replayed and held whole in memory",
+						zap.Uint32("xid", a.xid), zap.Stringer("commit_lsn", a.begin))
+					return fmt.Errorf("truncate of %s at %s: %w", rel.QualifiedName(), a.begin, ErrRespill)
 				}
 				a.resets[c.Name] = true
 				a.opt.Metrics.Changes.WithLabelValues(c.Name, "truncate").Inc()
@@ -552,6 +622,9 @@ func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 		a.opt.Observe(a.xid, ev.LSN, a.txn.all(), a.resets, a.lc.moves)
 	}
 	a.commitLifecycle(ev.LSN)
+	if a.spilled > 0 {
+		return a.commitSpilled(ctx, ev)
+	}
 	if len(a.resets) > 0 {
 		if err := a.writePending(ctx); err != nil {
 			return err
@@ -650,6 +723,81 @@ func (a *Aggregator) markUnvouched() error {
 		}
 	}
 	return nil
+}
+
+// spillable reports whether the current transaction's deltas so far may
+// be written to Redis before its COMMIT: the buffer takes parts, and the
+// transaction has neither truncated a source (which erases deltas of its
+// own before) nor deleted or re-keyed a target row (its moves run at the
+// COMMIT on everything buffered before, which holds the parts written so
+// far: a part written after a move would hold deltas the move must not
+// touch). So a transaction of likes is written as it streams, and a rare
+// one that mixes a bulk of likes with target deletes is held whole past
+// its first delete.
+func (a *Aggregator) spillable() bool {
+	if a.opt.TransactionKeys <= 0 || a.opt.Refusals == nil || a.skip {
+		return false
+	}
+	if _, ok := a.opt.Buffer.(Spiller); !ok {
+		return false
+	}
+	return len(a.resets) == 0 && len(a.lc.moves) == 0 && !a.lc.active() && !a.opt.Refusals.Refused(a.begin)
+}
+
+// spill writes the current transaction's deltas so far to Redis, as parts
+// of its write in parts tagged with its commit record's start + 1 (past
+// the chain's tip, at or below its end; see buffer's applyScript), and
+// forgets them. The pending batch goes first, so that the chain is at its
+// tip and the parts are this transaction's alone.
+func (a *Aggregator) spill(ctx context.Context) error {
+	if a.spilled == 0 {
+		if err := a.writePending(ctx); err != nil {
+			return err
+		}
+		a.log.Info("a source transaction passed aggregator_transaction_keys: writing it to redis in parts before its commit",
+			zap.Uint32("xid", a.xid), zap.Stringer("commit_lsn", a.begin), zap.Int("keys", a.txn.size()))
+	}
+	if a.opt.Observe != nil {
+		// The observer sees the transaction in parts, each as of its
+		// commit record (+1: past a W that ends where it starts).
+		a.opt.Observe(a.xid, a.begin+1, a.txn.all(), a.resets, nil)
+	}
+	a.scratch = a.scratch[:0]
+	for f, n := range a.txn.all() {
+		a.scratch = append(a.scratch, counter.Delta{Field: f, N: n})
+	}
+	n, err := a.opt.Buffer.(Spiller).Spill(ctx, a.prev, a.begin+1, a.spilled, a.scratch)
+	if err != nil {
+		return err
+	}
+	a.spilled = n
+	a.txn.reset()
+	return a.opt.Failpoints.Inject(failpoint.AfterSpill)
+}
+
+// commitSpilled ends a transaction written in parts: its remaining deltas
+// and its moves (which run on everything before them, its parts
+// included) go to Redis as the last parts, which move the chain to its
+// end.
+func (a *Aggregator) commitSpilled(ctx context.Context, ev *cdc.Event) error {
+	if err := a.syncMarks(ctx); err != nil {
+		return err
+	}
+	a.scratch = a.scratch[:0]
+	for f, n := range a.txn.all() {
+		a.scratch = append(a.scratch, counter.Delta{Field: f, N: n})
+	}
+	if _, err := a.opt.Buffer.(Spiller).ApplyAfter(ctx, a.prev, ev.LSN, a.begin+1, a.spilled, a.lc.pendingMoves, a.scratch); err != nil {
+		return err
+	}
+	a.lc.pendingMoves = a.lc.pendingMoves[:0]
+	a.prev = ev.LSN
+	a.spilled = 0
+	a.txn.reset()
+	if a.opt.Commits != nil {
+		a.opt.Commits.Record(ev.LSN, ev.Time)
+	}
+	return a.opt.Failpoints.Inject(failpoint.AfterApply)
 }
 
 // writePending writes the pending batch to Redis in one script call.

@@ -53,6 +53,9 @@ func runBig(ctx context.Context, b *bench) ([]bigResult, error) {
 	if b.quick {
 		sizes = bigSizesQuick
 	}
+	if len(b.bigSizes) > 0 {
+		sizes = b.bigSizes
+	}
 	var out []bigResult
 	for i, n := range sizes {
 		kills := []bool{false}

@@ -36,6 +36,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +47,7 @@ import (
 // bench is one run's settings.
 type bench struct {
 	quick        bool
+	bigSizes     []int64 // section 11's sizes when given (-big-sizes)
 	bin          string
 	tmp          string // walcount logs
 	outDir       string
@@ -132,6 +134,16 @@ func run() int {
 	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
 	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
 	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
+	flag.Func("big-sizes", "comma-separated batch sizes of the big section (default 100000,1000000,2000000; 100000 with -quick); the last also runs with a SIGKILL", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bad size %q", f)
+			}
+			b.bigSizes = append(b.bigSizes, n)
+		}
+		return nil
+	})
 	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")

@@ -95,24 +95,33 @@ const MovesCountField = "~n"
 // session that starts with meta.part set resets the buffer: a write in
 // parts that was interrupted cannot be finished.
 //
-// KEYS: buffer, meta. ARGV: prev, last, part (0 for a batch in one call),
-// final (1 for the last part, or a batch in one call), n, n directive
-// pairs, then field/delta pairs.
+// The parts of one source transaction too big to hold in memory until
+// its COMMIT are written before it (Spill), tagged with the transaction's
+// place (its commit record's start + 1, which lies past meta.lsn and at or
+// below its end) instead of its end, which is not known yet: part k is
+// then "<k>/<tag>" and meta.part "<tag>/<k>", and the last, at the COMMIT
+// (ApplyAfter), carries the transaction's end LSN and the moves.
+//
+// KEYS: buffer, meta. ARGV: prev, last, part (0 for a batch in one call;
+// k or k/tag), final (1 for the last part, or a batch in one call), n, n
+// directive pairs, then field/delta pairs.
 var applyScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[2], 'lsn', 'base', 'epoch', 'fupto', 'part')
 if not m[1] then return redis.error_reply('WALCOUNT_CHAIN no meta') end
 if m[1] >= ARGV[2] then return 0 end
 if m[1] ~= ARGV[1] then return redis.error_reply('WALCOUNT_CHAIN meta.lsn ' .. m[1] .. ' is not ' .. ARGV[1]) end
-local part = tonumber(ARGV[3])
+local pk, tag = string.match(ARGV[3], '^(%d+)/?(.*)$')
+local part = tonumber(pk)
+if tag == '' then tag = ARGV[2] end
 if part == 0 then
   if m[5] then return redis.error_reply('WALCOUNT_CHAIN a write in parts (' .. m[5] .. ') was interrupted') end
 else
   local cur = m[5] or nil
-  if cur == ARGV[2] .. '/' .. ARGV[3] then return 0 end
+  if cur == tag .. '/' .. pk then return 0 end
   local want = nil
-  if part > 1 then want = ARGV[2] .. '/' .. tostring(part - 1) end
+  if part > 1 then want = tag .. '/' .. tostring(part - 1) end
   if cur ~= want then
-    return redis.error_reply('WALCOUNT_CHAIN part ' .. ARGV[3] .. ' of the batch ending at ' .. ARGV[2] .. ' follows ' .. tostring(m[5]))
+    return redis.error_reply('WALCOUNT_CHAIN part ' .. pk .. ' of the batch ' .. tag .. ' follows ' .. tostring(m[5]))
   end
 end
 -- While a flush is in progress the buffer starts where the flush ends.
@@ -157,7 +166,7 @@ if ARGV[4] == '1' then
   redis.call('HSET', KEYS[2], 'lsn', ARGV[2])
   if part > 0 then redis.call('HDEL', KEYS[2], 'part') end
 else
-  redis.call('HSET', KEYS[2], 'part', ARGV[2] .. '/' .. ARGV[3])
+  redis.call('HSET', KEYS[2], 'part', tag .. '/' .. pk)
 end
 return 1
 `)
@@ -352,6 +361,35 @@ func chainErr(op string, err error) error {
 // A batch of more than MaxApplyFields deltas is written in parts, one
 // script call each (see applyScript).
 func (b *Redis) Apply(ctx context.Context, prev, last LSN, moves []counter.Move, deltas []counter.Delta) (bool, error) {
+	applied, _, err := b.applyParts(ctx, prev, last, "", 0, true, moves, deltas)
+	return applied, err
+}
+
+// Spill writes deltas of a source transaction that has not committed yet,
+// whose commit record starts at tag-1, as parts done+1, done+2, … of its
+// write in parts, and returns the parts written so far. The chain stays
+// at prev, and meta.part says a write in parts is under way, so no
+// hand-over takes the buffer and a session that starts with it set
+// discards the buffer and replays from W: an interrupted transaction
+// leaves nothing.
+func (b *Redis) Spill(ctx context.Context, prev, tag LSN, done int, deltas []counter.Delta) (int, error) {
+	_, parts, err := b.applyParts(ctx, prev, tag, FormatLSN(tag), done, false, nil, deltas)
+	return done + parts, err
+}
+
+// ApplyAfter ends a write in parts Spill began: at the transaction's
+// COMMIT, it runs the moves and adds the remaining deltas as the parts
+// after done, and the last moves meta.lsn to last.
+func (b *Redis) ApplyAfter(ctx context.Context, prev, last, tag LSN, done int, moves []counter.Move, deltas []counter.Delta) (bool, error) {
+	applied, _, err := b.applyParts(ctx, prev, last, FormatLSN(tag), done, true, moves, deltas)
+	return applied, err
+}
+
+// applyParts writes deltas in calls of at most MaxApplyFields, numbered
+// after done, the moves with the first; final moves meta.lsn to last with
+// the last call. tag names the parts ("" for last). It returns the calls
+// made.
+func (b *Redis) applyParts(ctx context.Context, prev, last LSN, tag string, done int, final bool, moves []counter.Move, deltas []counter.Delta) (bool, int, error) {
 	nonzero := 0
 	for _, d := range deltas {
 		if d.N != 0 {
@@ -363,14 +401,17 @@ func (b *Redis) Apply(ctx context.Context, prev, last LSN, moves []counter.Move,
 	next := 0
 	for part := 1; part <= parts; part++ {
 		args := make([]any, 0, 5+2*len(moves)+2*min(nonzero, MaxApplyFields))
-		k, final := part, "0"
-		if parts == 1 {
+		var k any = done + part
+		if tag != "" {
+			k = strconv.Itoa(done+part) + "/" + tag
+		} else if parts == 1 && done == 0 && final {
 			k = 0
 		}
-		if part == parts {
-			final = "1"
+		fin := "0"
+		if final && part == parts {
+			fin = "1"
 		}
-		args = append(args, FormatLSN(prev), FormatLSN(last), k, final)
+		args = append(args, FormatLSN(prev), FormatLSN(last), k, fin)
 		if part == 1 {
 			args = append(args, len(moves))
 			for _, m := range moves {
@@ -387,11 +428,11 @@ func (b *Redis) Apply(ctx context.Context, prev, last LSN, moves []counter.Move,
 		}
 		n, err := applyScript.Run(ctx, b.rdb, []string{b.keys.Buffer, b.keys.Meta}, args...).Int()
 		if err != nil {
-			return false, chainErr("apply deltas to redis", err)
+			return false, part - 1, chainErr("apply deltas to redis", err)
 		}
 		applied = applied || n == 1
 	}
-	return applied, nil
+	return applied, parts, nil
 }
 
 // Handed is a flush handed over, before its deltas are read: the range

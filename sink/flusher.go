@@ -58,6 +58,10 @@ var (
 	// batch being flushed: someone else wrote it. The session must
 	// restart.
 	ErrCheckpointMoved = errors.New("checkpoint moved under the flusher")
+	// errSlowFlush ends a flush transaction that updated rows for
+	// TransactionTime with keys still to go; it rolled back, and its batch
+	// is applied in pieces.
+	errSlowFlush = errors.New("the flush took longer than its lock time")
 	// ErrNotRunning is returned by Request when the flusher's loop is not
 	// running (the session ended or has not started).
 	ErrNotRunning = errors.New("the flusher is not running")
@@ -140,7 +144,9 @@ type Flusher struct {
 	requests chan chan error
 	done     chan struct{}
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// pace times the flush statements, to size them (see pacer).
+	pace      pacer
 	w         cdc.LSN
 	lastFlush time.Time
 	// prior holds, during a flush, the keys carried by earlier flushes
@@ -313,7 +319,7 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 	if err != nil || !ok {
 		return false, err
 	}
-	if h.Deltas > int64(f.opt.TransactionKeys) {
+	if h.Deltas > int64(f.opt.TransactionKeys) || !f.pace.fits(h.Deltas, f.opt.TransactionTime) {
 		return f.flushBig(ctx, start, h)
 	}
 	fields := make(map[string]int64, h.Deltas)
@@ -330,7 +336,15 @@ func (f *Flusher) flushLocked(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("hand over redis buffer: %w: read %d of %d flushing deltas", buffer.ErrChainBroken, len(fields), h.Deltas)
 	}
 	from, upto := h.From, h.Upto
-	applied, err := f.apply(ctx, from, upto, fields, moves, nil)
+	applied, err := f.apply(ctx, from, upto, fields, moves, nil, true)
+	if errors.Is(err, errSlowFlush) {
+		// The rows were slower than the pace known so far: the batch's
+		// keys would have held their row locks too long in one
+		// transaction, which rolled back.
+		f.log.Info("a flush took longer than flush_lock_time; applying its batch in pieces",
+			zap.Int64("keys", h.Deltas), zap.Duration("flush_lock_time", f.opt.TransactionTime))
+		return f.flushBig(ctx, start, h)
+	}
 	if err != nil {
 		f.opt.Metrics.FlushErrors.Inc()
 		return false, err
@@ -550,8 +564,11 @@ func (f *Flusher) drainCount(ctx context.Context) (int, error) {
 // whether it committed anything.
 func (f *Flusher) drainPiece(ctx context.Context, cursor state.CarriedCursor) (state.CarriedCursor, bool, bool, error) {
 	suspects := map[string]bool{}
+	var replay []int
 	for {
-		next, more, did, err := f.drainOnce(ctx, cursor, suspects)
+		var sizes []int
+		next, more, did, err := f.drainOnce(ctx, cursor, suspects, replay, &sizes)
+		replay = sizes
 		var de *dataError
 		if errors.As(err, &de) && !suspects[de.chunk] {
 			f.log.Warn("a flush chunk failed on a row's data; applying it again key by key to isolate the row",
@@ -563,7 +580,10 @@ func (f *Flusher) drainPiece(ctx context.Context, cursor state.CarriedCursor) (s
 	}
 }
 
-func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, suspects map[string]bool) (state.CarriedCursor, bool, bool, error) {
+// drainOnce is one try of drainPiece. It appends the size of each page it
+// reads to sizes; replay are the sizes of the try before, which a retry
+// uses again so that its chunks are the same.
+func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, suspects map[string]bool, replay []int, sizes *[]int) (state.CarriedCursor, bool, bool, error) {
 	w := f.w
 	tx, err := f.begin(ctx, f.opt.StatementTimeout)
 	if err != nil {
@@ -584,13 +604,30 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 	}
 	total := &outcome{applied: map[string]int64{}}
 	prior := map[string]state.Carried{}
+	// The time runs from the first statement that updates target rows:
+	// their row locks are held from then until the commit. Each page is
+	// one statement per counter, sized by the pace of the statements
+	// before (see pacer), so that the piece commits about TransactionTime
+	// after it first locked a row, however slow the rows are.
 	var updating time.Time
-	keys, more, attempted := 0, true, 0
+	keys, more, attempted, last := 0, true, 0, 0
 	for keys < f.opt.TransactionKeys {
-		if !updating.IsZero() && time.Since(updating) >= f.opt.TransactionTime {
-			break
+		room := min(f.opt.ChunkSize, f.opt.TransactionKeys-keys)
+		var limit int
+		if n := len(*sizes); n < len(replay) {
+			limit = replay[n] // a retry cuts the pages as its first try did
+		} else {
+			var elapsed time.Duration
+			if !updating.IsZero() {
+				elapsed = time.Since(updating)
+			}
+			var ok bool
+			if limit, ok = f.pace.size(f.opt.TransactionTime, elapsed, last, room); !ok {
+				break
+			}
 		}
-		limit := min(f.opt.ChunkSize, f.opt.TransactionKeys-keys)
+		*sizes = append(*sizes, limit)
+		pageStart := time.Now()
 		page, next, err := state.LoadCarriedPage(ctx, tx, f.opt.Slot, cursor, limit)
 		if err != nil {
 			return cursor, false, false, err
@@ -630,6 +667,8 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 		if err := f.carry(ctx, tx, out, page); err != nil {
 			return cursor, false, false, err
 		}
+		f.pace.learn(len(page), time.Since(pageStart))
+		last = len(page)
 		maps.Copy(total.applied, out.applied)
 		for k := range out.missed {
 			if total.missed == nil {
@@ -781,10 +820,13 @@ func (s byKey) Less(i, j int) bool {
 // parks those. Only the chunks that failed get savepoints: every
 // subtransaction that writes takes an XID, and more than 64 of them in
 // one transaction would slow every snapshot of the database.
-func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move, resets []*counter.Resolved) (bool, error) {
+func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move, resets []*counter.Resolved, bail bool) (bool, error) {
 	suspects := map[string]bool{}
+	var replay []int
 	for {
-		applied, err := f.applyOnce(ctx, from, upto, fields, moves, resets, suspects)
+		var sizes []int
+		applied, err := f.applyOnce(ctx, from, upto, fields, moves, resets, suspects, bail, replay, &sizes)
+		replay = sizes
 		var de *dataError
 		if errors.As(err, &de) && !suspects[de.chunk] {
 			f.log.Warn("a flush chunk failed on a row's data; applying it again key by key to isolate the row",
@@ -880,7 +922,7 @@ type attemptBatch struct {
 }
 
 func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move,
-	resets []*counter.Resolved, suspects map[string]bool) (bool, error) {
+	resets []*counter.Resolved, suspects map[string]bool, bail bool, replay []int, sizes *[]int) (bool, error) {
 	tx, err := f.begin(ctx, f.opt.StatementTimeout)
 	if err != nil {
 		return false, err
@@ -944,21 +986,51 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 	if err := f.awaitVisible(ctx, tx, batches); err != nil {
 		return false, err
 	}
+	// Statements sized by their pace (see pacer); once the transaction has
+	// updated rows for TransactionTime with keys still to go, a flush
+	// that may (bail) gives up, which frees its row locks at once, and
+	// the batch is applied in pieces instead (errSlowFlush).
+	var updating time.Time
+	last := 0
 	for _, b := range batches {
 		var flushed, dropped int64
-		for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
-			hi := min(lo+f.opt.ChunkSize, len(b.keys))
+		for lo := 0; lo < len(b.keys); {
+			var step int
+			if n := len(*sizes); n < len(replay) {
+				step = replay[n] // a retry cuts the chunks as its first try did
+			} else {
+				var elapsed time.Duration
+				if !updating.IsZero() {
+					elapsed = time.Since(updating)
+				}
+				var ok bool
+				if step, ok = f.pace.size(f.opt.TransactionTime, elapsed, last, f.opt.ChunkSize); !ok {
+					if bail {
+						return false, errSlowFlush
+					}
+					step, _ = f.pace.size(f.opt.TransactionTime, 0, last, f.opt.ChunkSize)
+				}
+			}
+			*sizes = append(*sizes, step)
+			hi := min(lo+step, len(b.keys))
 			chunk := fmt.Sprintf("%s/%d", b.t.Counter.Name, lo)
 			if b.careful {
 				chunk += "/retry"
 			}
 			careful := b.careful || suspects[chunk]
+			began := time.Now()
+			if updating.IsZero() {
+				updating = began
+			}
 			n, d, err := f.chunk(ctx, tx, b, b.keys[lo:hi], b.deltas[lo:hi], careful, chunk, out)
 			if err != nil {
 				return false, err
 			}
+			f.pace.learn(hi-lo, time.Since(began))
+			last = hi - lo
 			flushed += n
 			dropped += d
+			lo = hi
 		}
 		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
 	}
@@ -1490,7 +1562,7 @@ func (f *Flusher) Barrier(ctx context.Context, end cdc.LSN, reset []string, delt
 		fields[d.Field] += d.N
 	}
 	from := f.w
-	if _, err := f.apply(ctx, from, end, fields, nil, resets); err != nil {
+	if _, err := f.apply(ctx, from, end, fields, nil, resets, false); err != nil {
 		return err
 	}
 	if err := f.opt.Buffer.Advance(ctx, from, end); err != nil {

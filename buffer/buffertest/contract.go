@@ -44,6 +44,7 @@ func Run(t *testing.T, client Client) {
 		{"EmptyDeltasStillStamp", emptyDeltasStillStamp},
 		{"HandOverIsPaged", handOverIsPaged},
 		{"ApplyInPartsInterrupted", applyInPartsInterrupted},
+		{"SpillBeforeCommit", spillBeforeCommit},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -447,5 +448,62 @@ func applyInPartsInterrupted(t *testing.T, b *buffer.Redis, rdb redis.UniversalC
 	}
 	if _, err := b.Apply(ctx, 101, 103, nil, []counter.Delta{{Field: "c:1", N: 1}}); !errors.Is(err, buffer.ErrChainBroken) {
 		t.Fatalf("apply after an interrupted write in parts: %v, want buffer.ErrChainBroken", err)
+	}
+}
+
+// spillBeforeCommit: a transaction written in parts before its COMMIT
+// (Spill, tagged with its commit record's place) is no part of the chain
+// until ApplyAfter: no hand-over takes it meanwhile, a retried part is
+// ignored, and the end moves the chain to the transaction's end with every
+// part's deltas and the moves run on them.
+func spillBeforeCommit(t *testing.T, b *buffer.Redis, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if err := b.Reset(ctx, 100, "history"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(ctx, 100, 101, nil, []counter.Delta{{Field: "c:1", N: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	part := make([]counter.Delta, 0, buffer.MaxApplyFields+1)
+	for i := range buffer.MaxApplyFields + 1 {
+		part = append(part, counter.Delta{Field: fmt.Sprintf("c:%d", i+1), N: 1})
+	}
+	done, err := b.Spill(ctx, 101, 150, 0, part)
+	if err != nil || done != 2 {
+		t.Fatalf("spill: %d parts, %v; want 2", done, err)
+	}
+	if m, err := b.Meta(ctx); err != nil || m.Part == "" || m.LSN != 101 {
+		t.Fatalf("meta after a spill = %+v, %v; want its part, lsn still 101", m, err)
+	}
+	if _, ok, err := b.HandOver(ctx, 100); err != nil || ok {
+		t.Fatalf("hand-over during a spill: ok=%v err=%v, want nothing handed over", ok, err)
+	}
+	// The second part's call again (a retry): ignored.
+	if _, err := b.Spill(ctx, 101, 150, 1, part[buffer.MaxApplyFields:]); err != nil {
+		t.Fatalf("retried part: %v", err)
+	}
+	done, err = b.Spill(ctx, 101, 150, done, []counter.Delta{{Field: "c:2", N: 5}})
+	if err != nil || done != 3 {
+		t.Fatalf("spill: %d parts, %v; want 3", done, err)
+	}
+	moves := []counter.Move{{Field: "c:3", To: ""}}
+	if _, err := b.ApplyAfter(ctx, 101, 160, 150, done, moves, []counter.Delta{{Field: "c:3", N: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := b.Meta(ctx); err != nil || m.Part != "" || m.LSN != 160 {
+		t.Fatalf("meta after the commit = %+v, %v; want no part, lsn 160", m, err)
+	}
+	got, ok, err := b.HandOver(ctx, 100)
+	if err != nil || !ok || got.Upto != 160 {
+		t.Fatalf("hand-over = %+v %v %v", got.Upto, ok, err)
+	}
+	want := map[string]int64{"c:1": 2, "c:2": 6, "c:3": 7}
+	for f, n := range want {
+		if got.Deltas[f] != n {
+			t.Errorf("%s = %d, want %d", f, got.Deltas[f], n)
+		}
+	}
+	if len(got.Deltas) != buffer.MaxApplyFields+1 {
+		t.Errorf("%d deltas, want %d", len(got.Deltas), buffer.MaxApplyFields+1)
 	}
 }

@@ -21,6 +21,9 @@ const (
 
 	// DefaultFlushLockTime is flush_lock_time's default.
 	DefaultFlushLockTime = 200 * time.Millisecond
+	// DefaultAggregatorTransactionKeys is aggregator_transaction_keys's
+	// default: about 25 MiB of one source transaction's deltas.
+	DefaultAggregatorTransactionKeys = 50000
 
 	DefaultHTTPAddr = "127.0.0.1:9750"
 	// CPUSchedulingBatch and CPUSchedulingNormal are the values of
@@ -78,6 +81,11 @@ type Config struct {
 	// counter rows, which it holds locked until its commit, before it
 	// commits and the batch goes on in another (design rule 2).
 	FlushLockTime time.Duration `yaml:"flush_lock_time"`
+	// AggregatorTransactionKeys bounds the distinct keys of one source
+	// transaction walcount holds in memory: past it, the transaction's
+	// deltas so far are written to Redis before its COMMIT, in parts that
+	// only its COMMIT makes part of the chain.
+	AggregatorTransactionKeys int `yaml:"aggregator_transaction_keys"`
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz,
 	// /status and /v1/reconcile. Empty disables the HTTP server.
 	HTTPAddr string `yaml:"http_addr"`
@@ -208,19 +216,20 @@ func (c Config) ReplicationConnString() string {
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	return Config{
-		DatabaseURL:       DefaultDatabaseURL,
-		RedisURL:          DefaultRedisURL,
-		Slot:              DefaultSlot,
-		Publication:       DefaultPublication,
-		FlushInterval:     DefaultFlushInterval,
-		HeartbeatInterval: DefaultHeartbeatInterval,
-		FlushLockTime:     DefaultFlushLockTime,
-		HTTPAddr:          DefaultHTTPAddr,
-		LogLevel:          "info",
-		LogFormat:         LogFormatAuto,
-		CPUScheduling:     CPUSchedulingBatch,
-		OnSlotLoss:        SlotLossStop,
-		Counters:          []counter.Counter{counter.Default()},
+		DatabaseURL:               DefaultDatabaseURL,
+		RedisURL:                  DefaultRedisURL,
+		Slot:                      DefaultSlot,
+		Publication:               DefaultPublication,
+		FlushInterval:             DefaultFlushInterval,
+		HeartbeatInterval:         DefaultHeartbeatInterval,
+		FlushLockTime:             DefaultFlushLockTime,
+		AggregatorTransactionKeys: DefaultAggregatorTransactionKeys,
+		HTTPAddr:                  DefaultHTTPAddr,
+		LogLevel:                  "info",
+		LogFormat:                 LogFormatAuto,
+		CPUScheduling:             CPUSchedulingBatch,
+		OnSlotLoss:                SlotLossStop,
+		Counters:                  []counter.Counter{counter.Default()},
 		SlotSettings: SlotSettings{
 			PollInterval: slot.DefaultPollInterval,
 			MaxLagBytes:  slot.DefaultMaxLagBytes,

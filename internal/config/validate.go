@@ -52,6 +52,14 @@ const (
 	MaxFlushLockTime = time.Minute
 )
 
+// MinAggregatorTransactionKeys and MaxAggregatorTransactionKeys bound
+// AggregatorTransactionKeys: below, a transaction would be written in
+// many tiny parts; above, its memory would not be a bound any more.
+const (
+	MinAggregatorTransactionKeys = 100
+	MaxAggregatorTransactionKeys = 10_000_000
+)
+
 var (
 	// slotName is what PostgreSQL accepts as a replication slot name
 	// (ReplicationSlotValidateName). Publication names are held to the
@@ -168,6 +176,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FlushLockTime < MinFlushLockTime || c.FlushLockTime > MaxFlushLockTime {
 		add("flush_lock_time", "%s is out of range: must be at least %s and at most %s", c.FlushLockTime, MinFlushLockTime, MaxFlushLockTime)
+	}
+	if c.AggregatorTransactionKeys < MinAggregatorTransactionKeys || c.AggregatorTransactionKeys > MaxAggregatorTransactionKeys {
+		add("aggregator_transaction_keys", "%d is out of range: must be at least %d and at most %d", c.AggregatorTransactionKeys, MinAggregatorTransactionKeys, MaxAggregatorTransactionKeys)
 	}
 	if c.StreamTimeout < 0 || (c.StreamTimeout > 0 && c.StreamTimeout < MinStreamTimeout) {
 		add("stream_timeout", "%s is out of range: must be 0 (derived from wal_sender_timeout) or at least %s", c.StreamTimeout, MinStreamTimeout)

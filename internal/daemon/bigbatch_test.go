@@ -199,3 +199,93 @@ func TestBigBatchCrashBetweenPieces(t *testing.T) {
 		})
 	}
 }
+
+// slowRowPosts and slowRowSleep make every update of a post's counter
+// slow, the same on any machine: a BEFORE UPDATE trigger sleeps
+// slowRowSleep in each.
+const (
+	slowRowPosts = 3000
+	slowRowSleep = 2 * time.Millisecond
+)
+
+var slowRowSchema = fmt.Sprintf(`
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0);
+ALTER TABLE likes REPLICA IDENTITY FULL;
+INSERT INTO posts (id) SELECT g FROM generate_series(1, %d) g;
+CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.likes_count IS DISTINCT FROM OLD.likes_count THEN PERFORM pg_sleep(%g); END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER slow_row BEFORE UPDATE ON posts FOR EACH ROW EXECUTE FUNCTION slow_row();
+`, slowRowPosts, slowRowSleep.Seconds())
+
+// TestFlushOfSlowRowsHoldsLocksBriefly is issue 26's bound on the app's
+// wait behind a flush, with rows made slow deterministically (each update
+// of a counter sleeps 2 ms in a trigger). One batch of 3,000 keys, under
+// every default (flush_lock_time 200ms): before, the flush updated them
+// in one statement of one transaction, whose row locks the app's own
+// update of a post waited for about 6 s. Now the statements are sized by
+// their pace, and a flush that finds its rows slower than it knew gives
+// up and applies the batch in pieces: no transaction updates more rows
+// than fit in about flush_lock_time (checked by xmin, which does not
+// depend on the machine's speed: every row costs at least 2 ms), and an
+// app on its own connection taking each post's row lock, as its UPDATE
+// would, never waits long (a generous bound).
+func TestFlushOfSlowRowsHoldsLocksBriefly(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, slowRowSchema, nil)
+	if _, err := e.db.Exec(context.Background(), fmt.Sprintf(
+		"INSERT INTO likes (post_id) SELECT g FROM generate_series(1, %d) g", slowRowPosts)); err != nil {
+		t.Fatal(err)
+	}
+	// The app: one connection taking one post's row lock after another.
+	conn, err := e.db.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var longest time.Duration
+	var locks int
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := 1 + (i*7919)%slowRowPosts
+			began := time.Now()
+			if _, err := conn.Exec(context.Background(), "SELECT id FROM posts WHERE id = $1 FOR NO KEY UPDATE", id); err != nil {
+				t.Error(err)
+				return
+			}
+			longest = max(longest, time.Since(began))
+			locks++
+		}
+	}()
+	d := e.start()
+	e.waitApplied(slowRowPosts)
+	close(stop)
+	<-done
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	groups := e.rowsPerWriter()
+	t.Logf("posts per writing transaction: %v; the app's longest row lock wait: %s of %d", groups, longest, locks)
+	// 500 ms of the trigger's sleeps: a transaction that updated more
+	// rows held the first one's lock longer than the issue's bound.
+	const most = int64(500 * time.Millisecond / slowRowSleep)
+	if len(groups) > 0 && groups[0] > most {
+		t.Errorf("one transaction updated %d posts, %s or more of row updates; want at most %d", groups[0], time.Duration(groups[0])*slowRowSleep, most)
+	}
+	if longest > 2500*time.Millisecond {
+		t.Errorf("the app waited %s for a post's row lock, want well under 2.5 s", longest)
+	}
+}

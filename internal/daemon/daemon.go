@@ -97,8 +97,11 @@ type Daemon struct {
 	// flushes outlives sessions: a restarted session meets the markers
 	// of flushes an earlier one made.
 	flushes *sink.FlushLog
-	mon     *slot.Monitor
-	rec     *reconcile.Reconciler
+	// refusals are the source transactions the aggregator must hold
+	// whole, across sessions (aggregator.ErrRespill).
+	refusals aggregator.Refusals
+	mon      *slot.Monitor
+	rec      *reconcile.Reconciler
 
 	// standbyMisses is owned by the observe goroutine (checkStandbyWait).
 	standbyMisses int

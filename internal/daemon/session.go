@@ -252,6 +252,10 @@ func (s *liveSession) run(ctx context.Context) error {
 		Tally:       d.tally,
 		Logger:      d.log,
 		Failpoints:  d.opt.Failpoints,
+		// A source transaction of more keys is written to Redis in
+		// parts before its COMMIT, discarded by a restart before it.
+		TransactionKeys: d.cfg.AggregatorTransactionKeys,
+		Refusals:        &d.refusals,
 	})
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
 	streamCtx, stopStream := context.WithCancel(gctx)

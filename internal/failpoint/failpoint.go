@@ -16,6 +16,9 @@ import (
 const (
 	// AfterApply fires after a batch was applied to Redis, before any ack.
 	AfterApply = "aggregator.after-apply"
+	// AfterSpill fires after part of a source transaction not committed
+	// yet was written to Redis (aggregator_transaction_keys).
+	AfterSpill = "aggregator.after-spill"
 	// MidTransaction fires between two changes of one source transaction.
 	MidTransaction = "aggregator.mid-transaction"
 	// BeforeCommit fires after the buffer was renamed to flushing and the
