@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -76,18 +75,7 @@ counters:
 			}
 		})
 	}
-	for round := range 2 {
-		p := startWalcount(t, env, "run")
-		waitStreaming(t, p, addr)
-		time.Sleep(time.Duration(300+rand.IntN(700)) * time.Millisecond)
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-p.done
-		t.Logf("round %d: killed with SIGKILL while streaming", round)
-	}
-	last := startWalcount(t, env, "run")
-	waitStreaming(t, last, addr)
+	last := killTwice(t, env, addr)
 	time.Sleep(500 * time.Millisecond)
 	stop()
 	wg.Wait()
@@ -99,20 +87,7 @@ SELECT count(*) FROM posts p CROSS JOIN LATERAL (
   SELECT max(c.at) FILTER (WHERE NOT c.hidden) AS n, min(c.score) AS l FROM comments c WHERE c.post_id = p.id) t
 WHERE (p.newest, p.low_score) IS DISTINCT FROM (t.n, t.l)
   OR (SELECT top_score FROM site) IS DISTINCT FROM (SELECT max(score) FROM comments)`
-	var n int
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		n = c.count(off)
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d posts still off a minute after the load ended", n)
-		}
-	}
-	time.Sleep(time.Second)
-	if n = c.count(off); n != 0 {
-		t.Fatalf("%d posts off after they were exact", n)
-	}
+	c.settlesExact(off, "posts")
 	t.Logf("exact after two SIGKILLs: %d comments", c.count("SELECT count(*) FROM comments"))
 	if code := last.stop(); code != exitOK {
 		t.Fatalf("run exit %d", code)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -97,18 +96,7 @@ counters:
 			}
 		})
 	}
-	for round := range 2 {
-		p := startWalcount(t, env, "run")
-		waitStreaming(t, p, addr)
-		time.Sleep(time.Duration(300+rand.IntN(700)) * time.Millisecond)
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-p.done
-		t.Logf("round %d: killed with SIGKILL while streaming", round)
-	}
-	last := startWalcount(t, env, "run")
-	waitStreaming(t, last, addr)
+	last := killTwice(t, env, addr)
 	time.Sleep(500 * time.Millisecond)
 	stop()
 	wg.Wait()
@@ -125,20 +113,7 @@ WHERE (p.reactions, p.votes, p.points) <> (t.r, t.v, t.p)
   OR p.events <> (SELECT count(*) FROM events e WHERE e.post_id = p.id)
   OR EXISTS (SELECT 1 FROM (SELECT post_id, count(*) AS n FROM votes WHERE post_id IS NOT NULL GROUP BY post_id) v
     FULL JOIN post_stats s ON s.post_id = v.post_id WHERE s.post_id IS NULL OR s.votes <> coalesce(v.n, 0))`
-	var n int
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		n = c.count(off)
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d posts still off a minute after the load ended", n)
-		}
-	}
-	time.Sleep(time.Second)
-	if n = c.count(off); n != 0 {
-		t.Fatalf("%d posts off after they were exact", n)
-	}
+	c.settlesExact(off, "posts")
 	t.Logf("exact after two SIGKILLs: %d votes", c.count("SELECT count(*) FROM votes"))
 	if code := last.stop(); code != exitOK {
 		t.Fatalf("run exit %d", code)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -76,18 +75,7 @@ counters:
 			}
 		})
 	}
-	for round := range 2 {
-		p := startWalcount(t, env, "run")
-		waitStreaming(t, p, addr)
-		time.Sleep(time.Duration(300+rand.IntN(700)) * time.Millisecond)
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-p.done
-		t.Logf("round %d: killed with SIGKILL while streaming", round)
-	}
-	last := startWalcount(t, env, "run")
-	waitStreaming(t, last, addr)
+	last := killTwice(t, env, addr)
 	time.Sleep(500 * time.Millisecond)
 	stop()
 	wg.Wait()
@@ -97,20 +85,7 @@ counters:
 	const off = `
 SELECT (SELECT count(*) FROM posts p WHERE p.likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id))
      + (SELECT count(*) FROM users u WHERE u.total_likes <> (SELECT count(*) FROM likes l JOIN posts p ON p.id = l.post_id WHERE p.user_id = u.id))`
-	var n int
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		n = c.count(off)
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d posts and users still off a minute after the load ended", n)
-		}
-	}
-	time.Sleep(time.Second)
-	if n = c.count(off); n != 0 {
-		t.Fatalf("%d posts and users off after they were exact", n)
-	}
+	c.settlesExact(off, "posts and users")
 	t.Logf("exact after two SIGKILLs: %d likes", c.count("SELECT count(*) FROM likes"))
 	if code := last.stop(); code != exitOK {
 		t.Fatalf("run exit %d", code)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -73,37 +72,14 @@ func TestStandbyDecodingSurvivesKill9(t *testing.T) {
 			}
 		})
 	}
-	for round := range 2 {
-		p := startWalcount(t, env, "run")
-		waitStreaming(t, p, addr)
-		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-p.done
-		t.Logf("round %d: killed with SIGKILL while streaming from the standby", round)
-	}
-	last := startWalcount(t, env, "run")
-	waitStreaming(t, last, addr)
+	last := killTwice(t, env, addr)
 	time.Sleep(500 * time.Millisecond)
 	stop()
 	wg.Wait()
 	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
 
 	const off = `SELECT count(*) FROM posts p WHERE likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id)`
-	var n int
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if n = c.count(off); n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d posts still off a minute after the load ended", n)
-		}
-	}
-	time.Sleep(time.Second)
-	if n = c.count(off); n != 0 {
-		t.Fatalf("%d posts off after they were exact", n)
-	}
+	c.settlesExact(off, "posts")
 	if n := c.count("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", c.slot); n != 0 {
 		t.Errorf("the primary holds slot %s: walcount decoded there, not on the standby", c.slot)
 	}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"math/rand/v2"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// killTwice runs walcount run with env and kills it with SIGKILL a
+// moment after it streams, twice, then starts a last one and returns it
+// once that one streams too: the kill -9 rounds of the crash tests.
+func killTwice(t *testing.T, env []string, addr string) *proc {
+	t.Helper()
+	for round := range 2 {
+		p := startWalcount(t, env, "run")
+		waitStreaming(t, p, addr)
+		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-p.done
+		t.Logf("round %d: killed with SIGKILL while streaming", round)
+	}
+	last := startWalcount(t, env, "run")
+	waitStreaming(t, last, addr)
+	return last
+}
+
+// settlesExact waits (a minute at most) until the count query off, the
+// rows whose columns differ from the truth, is 0 once the app stopped,
+// and checks that it stays 0 a second later; what names the rows.
+func (c *cli) settlesExact(off, what string) {
+	c.t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		n := c.count(off)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%d %s still off a minute after the load ended", n, what)
+		}
+	}
+	time.Sleep(time.Second)
+	if n := c.count(off); n != 0 {
+		c.t.Fatalf("%d %s off after they were exact", n, what)
+	}
+}
