@@ -192,9 +192,21 @@ func (e *env) checkpoint(ctx context.Context) (cdc.LSN, error) {
 	return lsn, err
 }
 
-// waitCaughtUp waits until the checkpoint passes everything committed so
-// far.
+// waitCaughtUp waits until everything committed so far is applied: the
+// checkpoint passes it, and then passes a second mark. A batch the flush
+// applies in pieces (sink's flushBig: a big batch, or on a loaded machine
+// rows slower than flush_lock_time allows in one transaction) moves W
+// first and applies its deltas after, before the next batch moves W; so
+// W past the second mark says the first batch's deltas are in the rows
+// (bar the keys carried for a held row).
 func (e *env) waitCaughtUp(within time.Duration) {
+	e.t.Helper()
+	e.waitPast(within)
+	e.waitPast(within)
+}
+
+// waitPast waits until the checkpoint passes everything committed so far.
+func (e *env) waitPast(within time.Duration) {
 	e.t.Helper()
 	target := e.mark()
 	deadline := time.Now().Add(within)
