@@ -24,6 +24,15 @@ func killTwice(t *testing.T, env []string, addr string) *proc {
 	}
 	last := startWalcount(t, env, "run")
 	waitStreaming(t, last, addr)
+	t.Cleanup(func() {
+		if t.Failed() {
+			out := last.stderr.String()
+			if len(out) > 6000 {
+				out = out[len(out)-6000:]
+			}
+			t.Logf("the last walcount's log (its end):\n%s", out)
+		}
+	})
 	return last
 }
 
