@@ -50,6 +50,7 @@ type bench struct {
 	bigSizes     []int64 // section 11's sizes when given (-big-sizes)
 	bin          string
 	tmp          string // walcount logs
+	standbyDir   string // section 9's clusters (-standby-data-dir)
 	outDir       string
 	profileDir   string
 	clientCounts []int
@@ -150,10 +151,13 @@ func run() int {
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
 	flag.Float64Var(&b.freshRate, "fresh-rate", 0, "likes/s of the freshness run (default half the 1-row drain rate)")
 	flag.StringVar(&dataDir, "data-dir", os.TempDir(), "directory for the clusters (on the disk being measured)")
+	flag.StringVar(&b.standbyDir, "standby-data-dir", "/dev/shm", "directory for the standby section's clusters: memory, so that the pinned primary is bound by its CPU, not by its disk's flushes (empty: -data-dir)")
 	flag.StringVar(&rev, "rev", rev, "the walcount revision measured, for the report (default: this checkout's commit)")
 	flag.BoolVar(&b.reconcileWrite, "reconcile-write", true, "measure the app's write path during passes in the reconcile section")
 	var reconcileDebug bool
 	flag.BoolVar(&reconcileDebug, "reconcile-debug", false, "run the reconcile section's walcount at debug level and keep its log")
+	var keepLogs bool
+	flag.BoolVar(&keepLogs, "keep-logs", false, "keep every walcount's log (and a GODEBUG given to the bench is walcount's too) in a directory the bench names at its end")
 	flag.Parse()
 	if reconcileDebug {
 		b.reconcileWalcountFlags = []string{"--log-level", "debug"}
@@ -193,7 +197,11 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
 	}
-	defer os.RemoveAll(tmp)
+	if keepLogs {
+		defer fmt.Fprintf(os.Stderr, "bench: walcount's logs are in %s\n", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
 	b.tmp = tmp
 	if b.profileDir != "" {
 		if err := os.MkdirAll(b.profileDir, 0o755); err != nil {
