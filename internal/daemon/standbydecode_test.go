@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/state"
@@ -212,4 +213,220 @@ func TestStandbySlotConflictNamesCause(t *testing.T) {
 		t.Fatalf("daemon returned %v, want a lost slot that names hot_standby_feedback", err)
 	}
 	t.Logf("stopped with: %v", err)
+}
+
+// TestStandbySlotFollowsNewPrimary: three servers. walcount decodes on
+// standby S1 of primary P; P fails over to its other standby S2 (the
+// documented path of docs/operations.md: P stops, S2 is promoted, S1 is
+// repointed at S2 by primary_conninfo, as any standby is). S1's slot
+// stays, walcount goes on decoding there (a new timeline in the middle of
+// its stream) and flushes into S2, which the multi-host database_url
+// finds by itself, as the app's pool does. Every post is exact at the
+// end, with no repair: P stopped cleanly, so S1 and S2 both had all of
+// its WAL, and the slot was never confirmed past what S1 had received.
+func TestStandbySlotFollowsNewPrimary(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var s1, s2 *servers.Postgres
+	e := newEnvWith(t, schema, func(e *env) {
+		if e.pg.Major() < 16 {
+			t.Skipf("decoding on a standby needs PostgreSQL 16 or later; WALCOUNT_TEST_PG selects %d", e.pg.Major())
+		}
+		var err error
+		// No slot synchronisation to S1: the slot is S1's own.
+		var sopt servers.StandbyOptions
+		if e.pg.Major() >= 17 {
+			sopt.Settings = map[string]string{"sync_replication_slots": "off"}
+		}
+		sopt.Name = "s2"
+		if s2, err = e.pg.StartStandby(ctx, sopt); err != nil {
+			t.Fatalf("start standby S2: %v", err)
+		}
+		t.Cleanup(func() { _ = s2.Close() })
+		sopt.Name = "s1"
+		if s1, err = e.pg.StartStandby(ctx, sopt); err != nil {
+			t.Fatalf("start standby S1: %v", err)
+		}
+		t.Cleanup(func() { _ = s1.Close() })
+		multi := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+			e.pg.Port(), s2.Port())
+		e.db.Close()
+		if e.db, err = pgxpool.New(ctx, multi); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.db.Close)
+		e.cfg.DatabaseURL = multi
+		e.cfg.ReplicationURL = s1.URL()
+	})
+	sb1, err := pgxpool.New(ctx, s1.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb1.Close()
+
+	d := e.start()
+	load, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	w := newWorkload(e.db)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for load.Err() == nil {
+			w.run(load, 2, 20)
+		}
+	})
+	waitStreamingSince(t, d, time.Now().Add(-time.Hour))
+	e.waitCaughtUp(catchUp)
+	time.Sleep(time.Second) // flushes into P under load
+
+	// P fails over to S2: a clean stop (its walsenders send both
+	// standbys everything first), S2 promoted, a physical slot for S1 on
+	// S2, and S1 repointed at it with a reload (no restart of S1).
+	if err := e.pg.Stop(ctx, servers.StopFast); err != nil {
+		t.Fatal(err)
+	}
+	failedOver := time.Now()
+	if err := s2.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := pgxpool.New(ctx, s2.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb2.Close()
+	if _, err := sb2.Exec(ctx, "SELECT pg_create_physical_replication_slot('s1', true)"); err != nil {
+		t.Fatal(err)
+	}
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=s1", s2.Port())
+	if _, err := sb1.Exec(ctx, "ALTER SYSTEM SET primary_conninfo = '"+conninfo+"'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb1.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		t.Fatal(err)
+	}
+	// S1 streams from S2 and replays its new timeline.
+	okAtFailover := w.ok.Load()
+	waitFor(t, "S1 streaming from S2", func() bool {
+		var n int
+		err := sb2.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE application_name = 's1' AND state = 'streaming'").Scan(&n)
+		return err == nil && n == 1
+	})
+	time.Sleep(2 * time.Second) // the app writes to S2; walcount decodes it on S1 and flushes it into S2
+	stopLoad()
+	wg.Wait()
+	w.report(t)
+	if w.ok.Load() == okAtFailover {
+		t.Fatal("the load wrote nothing into S2")
+	}
+	e.waitCaughtUp(2 * time.Minute)
+	var slotHere bool
+	if err := sb1.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", e.cfg.Slot).Scan(&slotHere); err != nil || !slotHere {
+		t.Fatalf("slot %s is no longer on S1 (%v)", e.cfg.Slot, err)
+	}
+	var repairs, corrected int64
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FILTER (WHERE kind = 'dirty'), coalesce(sum(corrected), 0) FROM walcount.reconcile_runs").Scan(&repairs, &corrected); err != nil {
+		t.Fatal(err)
+	}
+	if repairs != 0 || corrected != 0 {
+		t.Errorf("the failover to S2 needed a repair: %d dirty runs, %d corrections", repairs, corrected)
+	}
+	e.assertExact()
+	st := d.d.Status(ctx)
+	if st.SessionStart != nil {
+		t.Logf("walcount's session started %s after the failover", st.SessionStart.Sub(failedOver).Round(time.Millisecond))
+	}
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStandbyHoldingSlotLost: the standby that holds the slot (S1) is lost
+// for good under load, with on_slot_loss: recreate. replication_url names
+// S1 and another standby S2 (multi-host, as database_url may): walcount
+// connects to S2, finds no slot there, creates it (on a standby: it waits
+// for a running-xacts record, which it asks the primary to log), and
+// repairs every counter by reconciliation, since what S1's slot had sent
+// but W had not recorded is gone with it. Every post ends exact.
+func TestStandbyHoldingSlotLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var s1, s2 *servers.Postgres
+	e := newEnvWith(t, schema, func(e *env) {
+		if e.pg.Major() < 16 {
+			t.Skipf("decoding on a standby needs PostgreSQL 16 or later; WALCOUNT_TEST_PG selects %d", e.pg.Major())
+		}
+		var err error
+		var sopt servers.StandbyOptions
+		if e.pg.Major() >= 17 {
+			sopt.Settings = map[string]string{"sync_replication_slots": "off"}
+		}
+		sopt.Name = "s2"
+		if s2, err = e.pg.StartStandby(ctx, sopt); err != nil {
+			t.Fatalf("start standby S2: %v", err)
+		}
+		t.Cleanup(func() { _ = s2.Close() })
+		sopt.Name = "s1"
+		if s1, err = e.pg.StartStandby(ctx, sopt); err != nil {
+			t.Fatalf("start standby S1: %v", err)
+		}
+		t.Cleanup(func() { _ = s1.Close() })
+		e.db.Reset() // the standbys' copies restarted the primary
+		e.cfg.ReplicationURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable", s1.Port(), s2.Port())
+		e.cfg.OnSlotLoss = config.SlotLossRecreate
+	})
+	sb1, err := pgxpool.New(ctx, s1.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb1.Close()
+	var onS1 bool
+	if err := sb1.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", e.cfg.Slot).Scan(&onS1); err != nil || !onS1 {
+		t.Fatalf("setup did not create slot %s on S1 (%v)", e.cfg.Slot, err)
+	}
+	sb1.Close()
+
+	d := e.start()
+	waitRun(t, d, 0) // the first start's backfill
+	load, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	w := newWorkload(e.db)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for load.Err() == nil {
+			w.run(load, 2, 20)
+		}
+	})
+	time.Sleep(time.Second)
+	lost := time.Now()
+	if err := s1.Close(); err != nil { // stopped at once and its data gone
+		t.Fatal(err)
+	}
+	waitStreamingSince(t, d, lost)
+	time.Sleep(time.Second) // the load goes on, decoded on S2 now
+	stopLoad()
+	wg.Wait()
+	w.report(t)
+	e.waitCaughtUp(2 * time.Minute)
+	e.waitClean(t, 2*time.Minute)
+	sb2, err := pgxpool.New(ctx, s2.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb2.Close()
+	var onS2 bool
+	if err := sb2.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", e.cfg.Slot).Scan(&onS2); err != nil || !onS2 {
+		t.Fatalf("walcount did not recreate slot %s on S2 (%v)", e.cfg.Slot, err)
+	}
+	var repairs int64
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM walcount.reconcile_runs WHERE kind = 'dirty'").Scan(&repairs); err != nil {
+		t.Fatal(err)
+	}
+	if repairs == 0 {
+		t.Error("the recreated slot was not followed by a repair")
+	}
+	t.Logf("PostgreSQL %d: streaming from S2 %s after S1 was lost, exact after %s",
+		e.pg.Major(), d.d.Status(ctx).SessionStart.Sub(lost).Round(time.Millisecond), time.Since(lost).Round(time.Millisecond))
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
 }
