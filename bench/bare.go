@@ -18,6 +18,7 @@ type bareResult struct {
 	elapsed time.Duration
 	txns    int64
 	inserts int64
+	deletes int64
 	// sender is the CPU time of the walsender that served the reader.
 	sender time.Duration
 }
@@ -123,6 +124,8 @@ func bareDrainOn(ctx context.Context, url, publication, slot string, end pglogre
 			switch m := m.(type) {
 			case *pglogrepl.InsertMessage:
 				res.inserts++
+			case *pglogrepl.DeleteMessage:
+				res.deletes++
 			case *pglogrepl.CommitMessage:
 				res.txns++
 				received = m.TransactionEndLSN

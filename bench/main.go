@@ -46,21 +46,24 @@ import (
 
 // bench is one run's settings.
 type bench struct {
-	quick        bool
-	bigSizes     []int64 // section 11's sizes when given (-big-sizes)
-	bin          string
-	tmp          string // walcount logs
-	standbyDir   string // section 9's clusters (-standby-data-dir)
-	outDir       string
-	profileDir   string
-	clientCounts []int
-	rounds       int           // rounds per client count in section 1
-	warmup       time.Duration // per round
-	measure      time.Duration // per round
-	backlog      int64         // likes per drain backlog
-	freshWarmup  time.Duration
-	freshMeasure time.Duration
-	freshRate    float64
+	quick      bool
+	bigSizes   []int64 // section 11's sizes when given (-big-sizes)
+	bin        string
+	tmp        string // walcount logs
+	standbyDir string // section 9's clusters (-standby-data-dir)
+	// standbyWarmup and standbyMeasure override section 9's durations
+	// (its test runs it in seconds).
+	standbyWarmup, standbyMeasure time.Duration
+	outDir                        string
+	profileDir                    string
+	clientCounts                  []int
+	rounds                        int           // rounds per client count in section 1
+	warmup                        time.Duration // per round
+	measure                       time.Duration // per round
+	backlog                       int64         // likes per drain backlog
+	freshWarmup                   time.Duration
+	freshMeasure                  time.Duration
+	freshRate                     float64
 	// reconcilePosts overrides the reconcile section's table size;
 	// reconcileBatch its passes' batch size (0: the daemon's default).
 	reconcilePosts int64

@@ -40,6 +40,9 @@ type standbyArm struct {
 	tps                  float64
 	changes              int64
 	sender, wc, redisCPU time.Duration
+	// onPrimary is the CPU of walcount's SQL sessions on the primary
+	// (flushes, heartbeats, markers, status), its walsender apart.
+	onPrimary time.Duration
 }
 
 func (a standbyArm) perChange(d time.Duration) string {
@@ -79,7 +82,26 @@ func pinTree(pid int, cpus string) error {
 			return fmt.Errorf("taskset %d: %v: %s", p, err, out)
 		}
 	}
+	// The pin must hold: the section's figures mean nothing otherwise.
+	if got, err := cpusAllowed(pid); err != nil || got != cpus {
+		return fmt.Errorf("pin %d to CPU %s: it may run on %q (%v)", pid, cpus, got, err)
+	}
 	return nil
+}
+
+// cpusAllowed returns the CPUs process pid may run on, as
+// /proc/pid/status lists them ("0", "0-1").
+func cpusAllowed(pid int) (string, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("no Cpus_allowed_list")
 }
 
 // pinSelf pins every thread of this process to cpus; threads made later
@@ -154,10 +176,34 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 	if b.quick {
 		warmup, measure = time.Second, 4*time.Second
 	}
+	if b.standbyWarmup > 0 {
+		warmup = b.standbyWarmup
+	}
+	if b.standbyMeasure > 0 {
+		measure = b.standbyMeasure
+	}
 	hot := workload{name: "hot post", hot: true}
 	insertOnly := func(name string) (standbyArm, error) {
 		r, err := closedLoop(ctx, c.url, standbyClients, hot, styleInsert, warmup, measure)
+		if err != nil {
+			return standbyArm{}, err
+		}
+		// Every arm starts from no likes: a walcount arm after this one
+		// would otherwise begin with a backfill of them.
+		_, err = c.db.Exec(ctx, `TRUNCATE likes`)
 		return standbyArm{name: name, tps: r.tps()}, err
+	}
+	// The control: what the primary loses when the other CPU is busy with
+	// anything at all. On a virtual machine two vCPUs may share a
+	// physical core (SMT) or its caches, and then work on CPU 1 slows CPU
+	// 0 though no process of the primary's waits for it.
+	busyOther := func(name string) (standbyArm, error) {
+		spin := exec.Command("taskset", "-c", "1", "sh", "-c", "while :; do :; done")
+		if err := spin.Start(); err != nil {
+			return standbyArm{}, err
+		}
+		defer func() { _ = spin.Process.Kill(); _ = spin.Wait() }()
+		return insertOnly(name)
 	}
 	arm := func(name string, onStandby bool) (standbyArm, error) {
 		a := standbyArm{name: name}
@@ -197,6 +243,10 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 		if err != nil {
 			return a, err
 		}
+		p0, err := walcountBackendsCPU(ctx, c.db)
+		if err != nil {
+			return a, err
+		}
 		w0, _ := w.usage()
 		r0, _ := procUsage(c.redis.PID())
 		n0, err := c.likesCount(ctx)
@@ -214,6 +264,13 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 		s1, err := sender()
 		if err != nil {
 			return a, err
+		}
+		p1, err := walcountBackendsCPU(ctx, c.db)
+		if err != nil {
+			return a, err
+		}
+		for pid, cpu := range p1 {
+			a.onPrimary += cpu - p0[pid] // a session opened since counts whole
 		}
 		w1, _ := w.usage()
 		r1, _ := procUsage(c.redis.PID())
@@ -255,6 +312,7 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 		ioName = "insert-only (standby running, no walcount)"
 		pName  = "walcount decoding on the primary"
 		sName  = "walcount decoding on the standby"
+		bName  = "control: insert-only, CPU 1 kept busy (a spin loop, no walcount)"
 	)
 	b.logf("   warm-up (not counted)")
 	if _, err := insertOnly("warm-up"); err != nil {
@@ -262,9 +320,9 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 	}
 	runs := map[string][]standbyArm{}
 	for i := 0; i < rounds; i++ {
-		order := []string{ioName, pName, sName}
+		order := []string{ioName, pName, sName, bName}
 		if i%2 == 1 {
-			order = []string{ioName, sName, pName}
+			order = []string{ioName, bName, sName, pName}
 		}
 		for _, name := range order {
 			b.logf("   round %d: %s", i+1, name)
@@ -273,6 +331,8 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 			switch name {
 			case ioName:
 				a, err = insertOnly(name)
+			case bName:
+				a, err = busyOther(name)
 			case pName:
 				a, err = arm(name, false)
 			default:
@@ -290,42 +350,60 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 		return sorted[len(sorted)/2]
 	}
 	// The ratio of a round is the arm's txn/s over the same round's
-	// insert-only run, so that the machine's drift between rounds (the
-	// disk's, other load's) cancels; an arm's ratio is the median of its
-	// rounds'.
-	ratio := func(name string) (float64, []string) {
+	// insert-only run (and over its control run), so that the machine's
+	// drift between rounds (the disk's, other load's) cancels; an arm's
+	// ratio is the median of its rounds'.
+	ratio := func(name, base string) float64 {
 		var rs []float64
-		var all []string
 		for i, r := range runs[name] {
-			q := r.tps / runs[ioName][i].tps
-			rs = append(rs, q)
-			all = append(all, fmt.Sprintf("%.0f (%.2f)", r.tps, q))
+			rs = append(rs, r.tps/runs[base][i].tps)
 		}
 		slices.Sort(rs)
-		return rs[len(rs)/2], all
+		return rs[len(rs)/2]
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "## 9. Decoding on a standby, the primary pinned\n\n")
 	fmt.Fprintf(&out, "PostgreSQL %d, both clusters on %s. Primary and the load generator (the app's side) on CPU 0; its hot standby, Redis and walcount on CPU 1 (taskset). "+
 		"Hot-post write path, %d clients, one INSERT per transaction, %s warm-up, %s measured, after one uncounted insert-only run. "+
-		"%d rounds, the order of the two walcount arms alternating. A round's ratio is the arm's txn/s over that round's insert-only txn/s; "+
-		"each row gives the median ratio, the median txn/s and every round (txn/s and ratio). "+
-		"CPU per change (from the arm's median-txn/s round) over the arm and its drain, per counted change; the walsender is the slot's, on the primary or on the standby.\n\n",
+		"%d rounds, the order of the arms alternating. A round's ratio is the arm's txn/s over that round's insert-only txn/s (× insert-only) "+
+		"and over that round's control, insert-only with CPU 1 kept busy by a spin loop (× control: what work of any kind on CPU 1 costs CPU 0 on this machine); "+
+		"each row gives the median ratios, the median txn/s and every round's txn/s. "+
+		"CPU per change (from the arm's median-txn/s round) over the arm and its drain, per counted change; the walsender is the slot's, on the primary or on the standby; walcount's sessions on the primary are its SQL connections there (flushes, heartbeats, markers), its walsender apart.\n\n",
 		c.pg.Major(), dataDir, standbyClients, warmup, measure, rounds)
-	fmt.Fprintf(&out, "| arm | × insert-only | txn/s | walsender µs/change | walcount µs/change | Redis µs/change | rounds: txn/s (ratio) |\n|---|---:|---:|---:|---:|---:|---|\n")
-	for _, name := range []string{ioName, pName, sName} {
+	fmt.Fprintf(&out, "| arm | × insert-only | × control | txn/s | walsender µs/change | walcount µs/change | Redis µs/change | walcount's sessions on the primary µs/change | rounds: txn/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, name := range []string{ioName, pName, sName, bName} {
 		a := median(runs[name])
-		q, all := ratio(name)
-		if name == ioName {
-			all = nil
-			for _, r := range runs[name] {
-				all = append(all, fmt.Sprintf("%.0f", r.tps))
-			}
+		var all []string
+		for _, r := range runs[name] {
+			all = append(all, fmt.Sprintf("%.0f", r.tps))
 		}
-		fmt.Fprintf(&out, "| %s | %.2f | %.0f | %s | %s | %s | %s |\n", a.name, q, a.tps, a.perChange(a.sender), a.perChange(a.wc), a.perChange(a.redisCPU), strings.Join(all, ", "))
+		fmt.Fprintf(&out, "| %s | %.2f | %.2f | %.0f | %s | %s | %s | %s | %s |\n", a.name, ratio(name, ioName), ratio(name, bName), a.tps,
+			a.perChange(a.sender), a.perChange(a.wc), a.perChange(a.redisCPU), a.perChange(a.onPrimary), strings.Join(all, ", "))
 	}
 	out.WriteString("\n")
 	return out.String(), nil
+}
+
+// walcountBackendsCPU returns the CPU time of each SQL session walcount
+// holds on the server db reaches (application_name walcount, its
+// walsender excluded), by backend pid. A session closed between two
+// readings is missed: walcount's pools keep theirs open.
+func walcountBackendsCPU(ctx context.Context, db *pgxpool.Pool) (map[int]time.Duration, error) {
+	rows, err := db.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'walcount' AND backend_type = 'client backend'`)
+	if err != nil {
+		return nil, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]time.Duration{}
+	for _, pid := range pids {
+		if u, err := procUsage(int(pid)); err == nil {
+			out[int(pid)] = u.cpu
+		}
+	}
+	return out, nil
 }
 
 // slotSenderCPU returns the CPU time of the walsender of the one active

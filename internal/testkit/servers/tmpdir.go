@@ -21,10 +21,17 @@ const (
 	minShmFree = 4 << 30
 )
 
-var tempRoot = sync.OnceValue(func() string {
+// tempRoot reads EnvTempDir at every call, so that a program may move
+// its later servers (the bench puts one section's clusters in memory);
+// only the probe of the tmpfs is done once.
+func tempRoot() string {
 	if dir := os.Getenv(EnvTempDir); dir != "" {
 		return dir
 	}
+	return defaultTempRoot()
+}
+
+var defaultTempRoot = sync.OnceValue(func() string {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(shmDir, &st); err == nil && st.Type == tmpfsMagic &&
 		st.Bavail*uint64(st.Bsize) >= minShmFree && writable(shmDir) {
