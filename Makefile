@@ -107,9 +107,9 @@ lint:
 demo: deps-demo build
 	$(GO) run ./internal/testkit/cmd/demo ./$(BIN) demo $(DEMO_FLAGS)
 
-# bench measures walcount against the alternatives on this machine (about 10
-# minutes) and writes bench/results/; QUICK=1 makes it a short run (-quick,
-# about a minute). Pass more flags with BENCH_FLAGS (go run ./bench -h).
+# bench measures walcount against the alternatives on this machine (30 to 40
+# minutes on 2 CPUs) and writes bench/results/; QUICK=1 makes it a short run (-quick,
+# a few minutes). Pass more flags with BENCH_FLAGS (go run ./bench -h).
 bench: deps-bench build
 	@quick=; if [ -n "$(QUICK)" ] && [ "$(QUICK)" != 0 ]; then quick=-quick; fi; \
 	echo "$(GO) run ./bench $$quick $(BENCH_FLAGS)"; \
