@@ -139,6 +139,7 @@ func bigOne(ctx context.Context, b *bench, n int64, kill bool) (bigResult, error
 			id := 1 + rand.Int64N(n)
 			tx, err := c.db.Begin(pctx)
 			if err != nil {
+				time.Sleep(5 * time.Millisecond)
 				continue
 			}
 			t := time.Now()

@@ -23,14 +23,17 @@ import (
 )
 
 // Section 9: the primary's side of decoding on a standby. The primary
-// (postmaster and every process it forks) is pinned to CPU 0; its hot
-// standby, Redis and walcount to CPU 1 (taskset), so that the primary's
-// cost is seen apart from the rest. Three arms on one pair of clusters,
-// the standby running in all of them: insert-only (no slot, no walcount),
-// walcount decoding on the primary, walcount decoding on the standby
-// (replication_url). Each arm is the hot-post write path (standbyClients
-// clients, one INSERT per transaction on post 1), then a drain, then the
-// CPU of the walsender, walcount and Redis per counted change.
+// (postmaster and every process it forks) and the load generator are
+// pinned to CPU 0; its hot standby, Redis and walcount to CPU 1
+// (taskset), so that the primary's cost is seen apart from the rest. Four
+// arms on one pair of clusters, the standby running in all of them:
+// insert-only (no slot, no walcount), walcount decoding on the primary,
+// walcount decoding on the standby (replication_url), and the control,
+// insert-only with CPU 1 kept busy by a spin loop. Each arm is the
+// hot-post write path (standbyClients clients, one INSERT per transaction
+// on post 1); a walcount arm then drains and reports the CPU of the
+// walsender, walcount, Redis and walcount's sessions on the primary per
+// counted change.
 
 const standbyClients = 8
 
@@ -298,12 +301,12 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 		}
 		return a, nil
 	}
-	// The arms run in rounds, in an order that alternates (insert-only,
-	// primary, standby; then insert-only, standby, primary), after an
-	// insert-only run that is not counted: the first minute of a fresh
-	// pair of clusters is slower (one run measured 5757 txn/s there and
-	// 8148 at the end), and the arm that ran first took it. Each arm's
-	// figure is its median over the rounds.
+	// The arms run in rounds, insert-only first and the others in an
+	// order that alternates (primary, standby, control; then control,
+	// standby, primary), after an insert-only run that is not counted: the
+	// first minute of a fresh pair of clusters is slower (one run measured
+	// 5757 txn/s there and 8148 at the end), and the arm that ran first
+	// took it. Each arm's figures are its medians over the rounds.
 	rounds := 5
 	if b.quick {
 		rounds = 1

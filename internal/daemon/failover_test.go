@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -69,15 +68,9 @@ func testFailover(t *testing.T, lagging bool) {
 
 	d := e.start()
 	waitRun(t, d, 0) // the first start's backfill
-	load, stopLoad := context.WithCancel(ctx)
-	defer stopLoad()
 	w := newWorkload(e.db)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for load.Err() == nil {
-			w.run(load, 2, 20)
-		}
-	})
+	stopLoad := w.background(2, 20)
+	defer stopLoad()
 
 	if failoverSlots {
 		waitSynced(t, e, standby)
@@ -125,7 +118,6 @@ func testFailover(t *testing.T, lagging bool) {
 	streaming := time.Since(killed)
 	time.Sleep(time.Second) // writes to the new primary while walcount follows it
 	stopLoad()
-	wg.Wait()
 	w.report(t)
 	e.waitCaughtUp(2 * time.Minute)
 	caughtUp := time.Since(killed)

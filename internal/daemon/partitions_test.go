@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -63,13 +62,7 @@ func TestPartitionedSource(t *testing.T) {
 		{"truncate the whole table", []string{"TRUNCATE likes"}},
 	}
 	for _, s := range steps {
-		load, stop := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for load.Err() == nil {
-				w.run(load, 2, 10)
-			}
-		})
+		stop := w.background(2, 10)
 		time.Sleep(300 * time.Millisecond)
 		if s.name == "drop a partition" || s.name == "detach a partition" {
 			// likes_c must hold rows when it goes.
@@ -85,7 +78,6 @@ func TestPartitionedSource(t *testing.T) {
 		marked := time.Now()
 		time.Sleep(300 * time.Millisecond)
 		stop()
-		wg.Wait()
 		if s.name == "create an empty partition" {
 			// No rows bypassed the WAL: nothing to repair.
 			e.waitCaughtUp(catchUp)

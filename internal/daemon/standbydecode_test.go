@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,28 +68,21 @@ func TestDecodeOnStandby(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e, standby := standbyEnv(t)
-	var onStandby bool
 	sb, err := pgxpool.New(ctx, standby.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sb.Close()
-	if err := sb.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", e.cfg.Slot).Scan(&onStandby); err != nil || !onStandby {
-		t.Fatalf("setup did not create slot %s on the standby (%v)", e.cfg.Slot, err)
+	if !hasSlot(t, sb, e.cfg.Slot) {
+		t.Fatalf("setup did not create slot %s on the standby", e.cfg.Slot)
 	}
 
 	fp := &failpoint.Set{}
 	disarm := fp.CrashAfter(failpoint.AfterCommit, 10)
 	d := e.start(func(o *Options) { o.Failpoints = fp })
-	load, stopLoad := context.WithCancel(ctx)
-	defer stopLoad()
 	w := newWorkload(e.db)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for load.Err() == nil {
-			w.run(load, 2, 20)
-		}
-	})
+	stopLoad := w.background(2, 20)
+	defer stopLoad()
 
 	// walcount killed after a flush committed.
 	if err := d.wait(t, 2*time.Minute); err == nil {
@@ -140,7 +132,6 @@ func TestDecodeOnStandby(t *testing.T) {
 	waitStreamingSince(t, d, promoted)
 	time.Sleep(time.Second) // writes to the new primary
 	stopLoad()
-	wg.Wait()
 	w.report(t)
 	e.waitCaughtUp(2 * time.Minute)
 	// No repair, and nothing for a reconciliation to correct: there
@@ -232,22 +223,8 @@ func TestStandbySlotFollowsNewPrimary(t *testing.T) {
 		if e.pg.Major() < 16 {
 			t.Skipf("decoding on a standby needs PostgreSQL 16 or later; WALCOUNT_TEST_PG selects %d", e.pg.Major())
 		}
+		s1, s2 = twoStandbys(t, e)
 		var err error
-		// No slot synchronisation to S1: the slot is S1's own.
-		var sopt servers.StandbyOptions
-		if e.pg.Major() >= 17 {
-			sopt.Settings = map[string]string{"sync_replication_slots": "off"}
-		}
-		sopt.Name = "s2"
-		if s2, err = e.pg.StartStandby(ctx, sopt); err != nil {
-			t.Fatalf("start standby S2: %v", err)
-		}
-		t.Cleanup(func() { _ = s2.Close() })
-		sopt.Name = "s1"
-		if s1, err = e.pg.StartStandby(ctx, sopt); err != nil {
-			t.Fatalf("start standby S1: %v", err)
-		}
-		t.Cleanup(func() { _ = s1.Close() })
 		multi := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
 			e.pg.Port(), s2.Port())
 		e.db.Close()
@@ -265,15 +242,9 @@ func TestStandbySlotFollowsNewPrimary(t *testing.T) {
 	defer sb1.Close()
 
 	d := e.start()
-	load, stopLoad := context.WithCancel(ctx)
-	defer stopLoad()
 	w := newWorkload(e.db)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for load.Err() == nil {
-			w.run(load, 2, 20)
-		}
-	})
+	stopLoad := w.background(2, 20)
+	defer stopLoad()
 	waitStreamingSince(t, d, time.Now().Add(-time.Hour))
 	e.waitCaughtUp(catchUp)
 	time.Sleep(time.Second) // flushes into P under load
@@ -312,15 +283,13 @@ func TestStandbySlotFollowsNewPrimary(t *testing.T) {
 	})
 	time.Sleep(2 * time.Second) // the app writes to S2; walcount decodes it on S1 and flushes it into S2
 	stopLoad()
-	wg.Wait()
 	w.report(t)
 	if w.ok.Load() == okAtFailover {
 		t.Fatal("the load wrote nothing into S2")
 	}
 	e.waitCaughtUp(2 * time.Minute)
-	var slotHere bool
-	if err := sb1.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", e.cfg.Slot).Scan(&slotHere); err != nil || !slotHere {
-		t.Fatalf("slot %s is no longer on S1 (%v)", e.cfg.Slot, err)
+	if !hasSlot(t, sb1, e.cfg.Slot) {
+		t.Fatalf("slot %s is no longer on S1", e.cfg.Slot)
 	}
 	var repairs, corrected int64
 	if err := e.db.QueryRow(ctx, "SELECT count(*) FILTER (WHERE kind = 'dirty'), coalesce(sum(corrected), 0) FROM walcount.reconcile_runs").Scan(&repairs, &corrected); err != nil {
@@ -354,21 +323,7 @@ func TestStandbyHoldingSlotLost(t *testing.T) {
 		if e.pg.Major() < 16 {
 			t.Skipf("decoding on a standby needs PostgreSQL 16 or later; WALCOUNT_TEST_PG selects %d", e.pg.Major())
 		}
-		var err error
-		var sopt servers.StandbyOptions
-		if e.pg.Major() >= 17 {
-			sopt.Settings = map[string]string{"sync_replication_slots": "off"}
-		}
-		sopt.Name = "s2"
-		if s2, err = e.pg.StartStandby(ctx, sopt); err != nil {
-			t.Fatalf("start standby S2: %v", err)
-		}
-		t.Cleanup(func() { _ = s2.Close() })
-		sopt.Name = "s1"
-		if s1, err = e.pg.StartStandby(ctx, sopt); err != nil {
-			t.Fatalf("start standby S1: %v", err)
-		}
-		t.Cleanup(func() { _ = s1.Close() })
+		s1, s2 = twoStandbys(t, e)
 		e.db.Reset() // the standbys' copies restarted the primary
 		e.cfg.ReplicationURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable", s1.Port(), s2.Port())
 		e.cfg.OnSlotLoss = config.SlotLossRecreate
@@ -378,23 +333,16 @@ func TestStandbyHoldingSlotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb1.Close()
-	var onS1 bool
-	if err := sb1.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", e.cfg.Slot).Scan(&onS1); err != nil || !onS1 {
-		t.Fatalf("setup did not create slot %s on S1 (%v)", e.cfg.Slot, err)
+	if !hasSlot(t, sb1, e.cfg.Slot) {
+		t.Fatalf("setup did not create slot %s on S1", e.cfg.Slot)
 	}
 	sb1.Close()
 
 	d := e.start()
 	waitRun(t, d, 0) // the first start's backfill
-	load, stopLoad := context.WithCancel(ctx)
-	defer stopLoad()
 	w := newWorkload(e.db)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for load.Err() == nil {
-			w.run(load, 2, 20)
-		}
-	})
+	stopLoad := w.background(2, 20)
+	defer stopLoad()
 	time.Sleep(time.Second)
 	lost := time.Now()
 	if err := s1.Close(); err != nil { // stopped at once and its data gone
@@ -403,7 +351,6 @@ func TestStandbyHoldingSlotLost(t *testing.T) {
 	waitStreamingSince(t, d, lost)
 	time.Sleep(time.Second) // the load goes on, decoded on S2 now
 	stopLoad()
-	wg.Wait()
 	w.report(t)
 	e.waitCaughtUp(2 * time.Minute)
 	e.waitClean(t, 2*time.Minute)
@@ -412,9 +359,8 @@ func TestStandbyHoldingSlotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb2.Close()
-	var onS2 bool
-	if err := sb2.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", e.cfg.Slot).Scan(&onS2); err != nil || !onS2 {
-		t.Fatalf("walcount did not recreate slot %s on S2 (%v)", e.cfg.Slot, err)
+	if !hasSlot(t, sb2, e.cfg.Slot) {
+		t.Fatalf("walcount did not recreate slot %s on S2", e.cfg.Slot)
 	}
 	var repairs int64
 	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM walcount.reconcile_runs WHERE kind = 'dirty'").Scan(&repairs); err != nil {
@@ -429,4 +375,40 @@ func TestStandbyHoldingSlotLost(t *testing.T) {
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// twoStandbys starts two standbys of e's primary, S1 and S2 (physical
+// slots s1 and s2 there), for the tests of three servers. Neither
+// synchronises slots from the primary (PostgreSQL 17+): a slot on S1 is
+// S1's own.
+func twoStandbys(t *testing.T, e *env) (s1, s2 *servers.Postgres) {
+	t.Helper()
+	ctx := context.Background()
+	var sopt servers.StandbyOptions
+	if e.pg.Major() >= 17 {
+		sopt.Settings = map[string]string{"sync_replication_slots": "off"}
+	}
+	var err error
+	sopt.Name = "s2"
+	if s2, err = e.pg.StartStandby(ctx, sopt); err != nil {
+		t.Fatalf("start standby S2: %v", err)
+	}
+	t.Cleanup(func() { _ = s2.Close() })
+	sopt.Name = "s1"
+	if s1, err = e.pg.StartStandby(ctx, sopt); err != nil {
+		t.Fatalf("start standby S1: %v", err)
+	}
+	t.Cleanup(func() { _ = s1.Close() })
+	return s1, s2
+}
+
+// hasSlot reports whether the server db reaches holds replication slot
+// slot.
+func hasSlot(t *testing.T, db *pgxpool.Pool, slot string) bool {
+	t.Helper()
+	var ok bool
+	if err := db.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&ok); err != nil {
+		t.Fatalf("read the slots: %v", err)
+	}
+	return ok
 }

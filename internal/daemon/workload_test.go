@@ -44,6 +44,23 @@ func (w *workload) run(ctx context.Context, clients, ops int) {
 	wg.Wait()
 }
 
+// background runs the workload, clients clients of ops operations at a
+// time, again and again until the returned stop is called; stop waits for
+// the clients to end and may be called more than once.
+func (w *workload) background(clients, ops int) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			w.run(ctx, clients, ops)
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
 func (w *workload) post(rng *rand.Rand) int64 {
 	// Skewed: post 1 is viral.
 	if rng.IntN(3) == 0 {
