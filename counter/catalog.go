@@ -254,6 +254,10 @@ func bind(c Counter, src, tgt *Table) (*Resolved, error) {
 	if !ok {
 		return nil, fmt.Errorf("counter %s: %w: key column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{c.Key}.Sanitize())
 	}
+	if s, ok := src.Columns[c.Sum]; ok && c.IsVia() && c.Through.Role == RoleTarget && !s.IntegerBase() {
+		return nil, fmt.Errorf("counter %s: %w: via column %s.%s is %s: the column naming the target through a parent must be smallint, integer or bigint",
+			c.Through.Counter, ErrBadTarget, src.Ident(), pgx.Identifier{c.Sum}.Sanitize(), s.Full)
+	}
 	scale, err := sumScale(c, src)
 	if err != nil {
 		return nil, err

@@ -58,6 +58,11 @@ type Counter struct {
 	// recorded definition when empty.
 	Max string `yaml:"max" json:",omitempty"`
 	Min string `yaml:"min" json:",omitempty"`
+	// Through, when set, makes the counter reach its target through one
+	// parent row (see Through and ExpandThrough). It is in the recorded
+	// definition, so that a change of the parent's filter or of the
+	// column naming the target backfills the counters it changes.
+	Through *Through `yaml:"-" json:",omitempty"`
 }
 
 // Extremum returns the source column an extremum counter keeps the

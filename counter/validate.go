@@ -64,6 +64,11 @@ func Validate(cs []Counter) []Problem {
 		}
 		table("source", &c.Source)
 		tgtOK := table("target", &c.Target)
+		if c.Through != nil && c.Through.Table != "" {
+			th := *c.Through
+			table("via.table", &th.Table)
+			c.Through = &th
+		}
 
 		column := func(sub, v string, required bool) {
 			switch {
@@ -160,6 +165,12 @@ func Validate(cs []Counter) []Problem {
 	for i, c := range cs {
 		for j, d := range cs {
 			if c.Target != d.Source || c.Column == "" {
+				continue
+			}
+			if c.IsVia() && d.Through != nil && d.Through.Role == "" && d.Through.Counter == c.Through.Counter {
+				// The level above a via table is keyed and filtered by
+				// the via table's target and passes, which change only
+				// when a parent moves or enters or leaves the filter.
 				continue
 			}
 			inWhere := slices.Contains(d.FilterColumns(), c.Column)

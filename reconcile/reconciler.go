@@ -730,6 +730,17 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 	}
 	if run.Keys == nil {
 		p.sv = newSurvey(sql, r.opt.Slot)
+		if c.IsVia() && !run.DryRun {
+			// A full run measures the via rows there are: every parent
+			// gets one first (counter.ViaSeedSQL).
+			tag, err := r.opt.Pool.Exec(ctx, counter.ViaSeedSQL(c))
+			if err != nil {
+				return fmt.Errorf("counter %s: seed its via table: %w", c.Name, err)
+			}
+			if n := tag.RowsAffected(); n > 0 {
+				r.log.Info("via rows seeded", zap.Int64("run", run.ID), zap.String("counter", c.Name), zap.Int64("rows", n))
+			}
+		}
 	}
 	p.backfill = run.Kind == state.KindBackfill
 	checked, corrected := run.KeysChecked, run.Corrected

@@ -199,6 +199,16 @@ type fileCounter struct {
 	TargetRow     yaml.Node            `yaml:"target_row"`
 	AppendOnly    bool                 `yaml:"append_only"`
 	CreateMissing yaml.Node            `yaml:"create_missing"`
+	Via           *fileVia             `yaml:"via"`
+}
+
+// fileVia is a counter's via: the parent row its key reaches the target
+// through (counter.Through).
+type fileVia struct {
+	Table  string               `yaml:"table"`
+	Key    string               `yaml:"key"`
+	Column string               `yaml:"column"`
+	Where  map[string]yaml.Node `yaml:"where"`
 }
 
 // decode expands data, decodes it over *cfg and returns the set of
@@ -305,42 +315,70 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 				problems = append(problems, m)
 			}
 		}
-		if fc.Where != nil {
-			c.Where = make(map[string]*string, len(fc.Where))
-		}
-		for k, n := range fc.Where {
-			wf := field + ".where." + k
-			name := col("where."+k, k)
-			if n.Kind == yaml.AliasNode && n.Alias != nil {
-				n = *n.Alias
-			}
-			_, dupW := c.Where[name]
-			_, dupF := c.Filters[name]
-			if dupW || dupF {
-				problems = append(problems, Problem{Field: wf, Msg: fmt.Sprintf("column %q is listed twice", name)})
-				continue
-			}
-			switch {
-			case n.Kind == yaml.ScalarNode && n.Tag == "!!null":
-				c.Where[name] = nil
-			case n.Kind == yaml.ScalarNode:
-				v := n.Value
-				c.Where[name] = &v
-			default:
-				f, msg := whereFilter(&n)
-				if msg != "" {
-					problems = append(problems, Problem{Line: n.Line, Field: wf, Msg: msg})
-					continue
-				}
-				if c.Filters == nil {
-					c.Filters = map[string]counter.Filter{}
-				}
-				c.Filters[name] = f
+		var ps []Problem
+		c.Where, c.Filters, ps = fileWhere(field, "where", fc.Where, col)
+		problems = append(problems, ps...)
+		if v := fc.Via; v != nil {
+			th := &counter.Through{Table: v.Table, Key: col("via.key", v.Key), Column: col("via.column", v.Column)}
+			th.Where, th.Filters, ps = fileWhere(field, "via.where", v.Where, col)
+			problems = append(problems, ps...)
+			c.Through = th
+			for _, p := range counter.ThroughProblems(field, c) {
+				problems = append(problems, Problem{Field: p.Field, Msg: p.Msg})
 			}
 		}
 		out[i] = c
 	}
-	return out, problems
+	if len(problems) > 0 {
+		return out, problems
+	}
+	// A counter through a parent is kept as the level above a via table
+	// and the via table's own counters (counter.ExpandThrough).
+	return counter.ExpandThrough(out), nil
+}
+
+// fileWhere reads a where mapping: a scalar is equality, null IS NULL,
+// and a list or a mapping one of the other filters (whereFilter). field
+// and sub name the mapping in problems.
+func fileWhere(field, sub string, in map[string]yaml.Node, col func(name, v string) string) (map[string]*string, map[string]counter.Filter, []Problem) {
+	var problems []Problem
+	var where map[string]*string
+	var filters map[string]counter.Filter
+	if in != nil {
+		where = make(map[string]*string, len(in))
+	}
+	for _, k := range slices.Sorted(maps.Keys(in)) {
+		n := in[k]
+		wf := field + "." + sub + "." + k
+		name := col(sub+"."+k, k)
+		if n.Kind == yaml.AliasNode && n.Alias != nil {
+			n = *n.Alias
+		}
+		_, dupW := where[name]
+		_, dupF := filters[name]
+		if dupW || dupF {
+			problems = append(problems, Problem{Field: wf, Msg: fmt.Sprintf("column %q is listed twice", name)})
+			continue
+		}
+		switch {
+		case n.Kind == yaml.ScalarNode && n.Tag == "!!null":
+			where[name] = nil
+		case n.Kind == yaml.ScalarNode:
+			v := n.Value
+			where[name] = &v
+		default:
+			f, msg := whereFilter(&n)
+			if msg != "" {
+				problems = append(problems, Problem{Line: n.Line, Field: wf, Msg: msg})
+				continue
+			}
+			if filters == nil {
+				filters = map[string]counter.Filter{}
+			}
+			filters[name] = f
+		}
+	}
+	return where, filters, problems
 }
 
 // createMissingHelp is the forms create_missing may take.

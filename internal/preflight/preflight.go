@@ -215,6 +215,8 @@ type run struct {
 	conn *pgx.Conn
 	cfg  config.Config
 	log  *zap.Logger
+	// viaMissing holds the via tables already reported missing.
+	viaMissing map[string]bool
 
 	// Learnt by checkServer.
 	version  pgversion.Version

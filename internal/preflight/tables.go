@@ -64,8 +64,47 @@ func (r *run) checkCounters() error {
 	return r.checkCreateMissing()
 }
 
+// viaField names, for a counter of a via table, the field of the declared
+// counter through a parent that sets what field sets in it.
+func viaField(c counter.Counter, field string) string {
+	if !c.IsVia() || c.Through.Role == counter.RoleTotal {
+		return field
+	}
+	switch {
+	case field == "source":
+		return "via.table"
+	case field == "key":
+		return "via.key"
+	case field == "sum":
+		return "via.column"
+	case strings.HasPrefix(field, "where."):
+		return "via." + field
+	}
+	return field
+}
+
+// declaredIndex is the index of the declared counter a counter of a via
+// table was expanded from, or i.
+func (r *run) declaredIndex(i int, c counter.Counter) int {
+	if c.IsVia() {
+		for j, d := range r.cfg.Counters {
+			if d.Name == c.Through.Counter {
+				return j
+			}
+		}
+	}
+	return i
+}
+
 func (r *run) checkCounter(i int, c counter.Counter) error {
 	prefix := "counter " + c.Name + ": "
+	if c.IsVia() {
+		prefix = "counter " + c.Through.Counter + ": "
+		if c.Through.Role != counter.RoleTotal {
+			prefix = fmt.Sprintf("counter %s (through %s): ", c.Through.Counter, c.Source)
+		}
+	}
+	i = r.declaredIndex(i, c)
 	src, err := r.lookupTable(c.Source)
 	if err != nil {
 		return r.queryFailed(CheckTable, prefix+"source table", err)
@@ -75,13 +114,23 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 		return r.queryFailed(CheckTable, prefix+"target table", err)
 	}
 
-	tablesOK := true
+	tablesOK, viaPending := true, false
 	for _, tt := range []struct {
 		t     *table
 		role  string
 		field string
 	}{{src, "source", "source"}, {tgt, "target", "target"}} {
 		switch {
+		case !tt.t.Exists && c.Through != nil && tt.t.Schema+"."+tt.t.Name == counter.ViaTable(c.Through.Counter):
+			// walcount setup creates it: one finding per via table.
+			tablesOK, viaPending = false, true
+			if !r.viaMissing[tt.t.Name] {
+				if r.viaMissing == nil {
+					r.viaMissing = map[string]bool{}
+				}
+				r.viaMissing[tt.t.Name] = true
+				r.setupProblem(CheckTable, fmt.Sprintf("counter %s: its via table %s does not exist", c.Through.Counter, tt.t.sql), "walcount setup")
+			}
 		case !tt.t.Exists:
 			tablesOK = false
 			r.configProblem(CheckTable, fmt.Sprintf("%s%s table %s does not exist in %s", prefix, tt.role, tt.t.sql, r.where()),
@@ -93,6 +142,11 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 		}
 	}
 	if !tablesOK {
+		if viaPending && src.Exists && (src.Kind == "r" || src.Kind == "p") {
+			// What setup cannot make is worth reporting before it runs:
+			// the source's identity, for the columns that exist.
+			return r.sourceIdentity(c, src, prefix)
+		}
 		return nil
 	}
 
@@ -115,8 +169,19 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 	if err := r.checkTargetRules(c, tgt, prefix); err != nil {
 		return err
 	}
-	// The identity is about the source alone: it is worth reporting even
-	// when the target is wrong, as long as the columns it must carry exist.
+	return r.sourceIdentity(c, src, prefix)
+}
+
+// sourceIdentity checks the source's replica identity. It is about the
+// source alone: it is worth reporting even when the target is wrong, as
+// long as the columns it must carry exist.
+func (r *run) sourceIdentity(c counter.Counter, src *table, prefix string) error {
+	if c.IsVia() && c.Through.Role == counter.RoleTarget {
+		// The passes counter of the same parent reads every column this
+		// one reads (the key and via.column) and more: one finding for
+		// the parent.
+		return nil
+	}
 	for _, col := range readColumns([]counter.Counter{c}, src) {
 		if _, found := src.Columns[col]; !found {
 			return nil
@@ -214,6 +279,7 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		r.configProblem(CheckColumn, prefix+msg, fix)
 	}
 	need := func(t *table, name, field string) (counter.Column, bool) {
+		field = viaField(c, field)
 		col, found := t.Columns[name]
 		if !found {
 			msg := fmt.Sprintf("column %s.%s does not exist", t.sql, r.ident(name))
@@ -284,7 +350,10 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 
 	if c.Sum != "" && ext == "" {
 		if sum, found := need(src, c.Sum, "sum"); found {
-			if !slices.Contains(sumTypes, sum.Base) {
+			if c.IsVia() && c.Through.Role == counter.RoleTarget && !sum.IntegerBase() {
+				badConfig(fmt.Sprintf("via column %s.%s is %s: the column naming the target through a parent must be smallint, integer or bigint", src.sql, r.ident(c.Sum), sum.Full),
+					r.configFix(c, fmt.Sprintf("set counters[%d].via.column in %s to an integer column of %s", i, r.configFileName(), src.sql)))
+			} else if !slices.Contains(sumTypes, sum.Base) {
 				// Only the configuration can fix this: the column holds
 				// what it holds.
 				var numeric []string

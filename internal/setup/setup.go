@@ -226,6 +226,16 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 		return err
 	}
 
+	var q counter.Querier = s.conn
+	if s.tx != nil {
+		q = s.tx
+	}
+	// The via tables of the counters through a parent.
+	vias, err := s.viaTables(ctx, q, cfg.Counters)
+	if err != nil {
+		return err
+	}
+
 	if opt.FixReplicaIdentity {
 		fixed, err := s.fixIdentity(ctx, cfg.Counters)
 		if err != nil {
@@ -236,17 +246,18 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 
 	// The publication holds the sources and, for their lifecycle, the
 	// targets (see package publication).
-	var q counter.Querier = s.conn
-	if s.tx != nil {
-		q = s.tx
-	}
 	tables, unusable, err := publication.Layout(version, cfg.Counters, func(name string) (*counter.Table, error) {
 		if s.print && name == cdc.MessageTable {
 			// Printed above, not run.
 			return publication.MessagesTable(), nil
 		}
 		schema, table := counter.SplitTable(name)
-		return counter.ReadTable(ctx, q, schema, table)
+		t, err := counter.ReadTable(ctx, q, schema, table)
+		if err == nil && !t.Exists && s.print && vias[name] {
+			// Printed above, not run.
+			t = &counter.Table{Schema: schema, Name: table, Exists: true, Kind: "r", ReplIdent: "f"}
+		}
+		return t, err
 	})
 	if err != nil {
 		return err
@@ -322,6 +333,41 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 		}
 	}
 	return nil
+}
+
+// viaTables creates the via table of each counter through a parent
+// (counter.ViaTableSQL), or leaves it as it is, and returns their names.
+// A parent key or counter column that does not exist creates none: the
+// preflight gate has refused that configuration already.
+func (s *statements) viaTables(ctx context.Context, q counter.Querier, counters []counter.Counter) (map[string]bool, error) {
+	vias := map[string]bool{}
+	for _, c := range counters {
+		if c.Through == nil || c.IsVia() {
+			continue
+		}
+		ps, pt := counter.SplitTable(c.Through.Table)
+		parent, err := counter.ReadTable(ctx, q, ps, pt)
+		if err != nil {
+			return nil, err
+		}
+		ts, tt := counter.SplitTable(c.Target)
+		target, err := counter.ReadTable(ctx, q, ts, tt)
+		if err != nil {
+			return nil, err
+		}
+		key, okKey := parent.Columns[c.Through.Key]
+		col, okCol := target.Columns[c.Column]
+		if !okKey || !okCol {
+			continue
+		}
+		for _, stmt := range counter.ViaTableSQL(c.Through.Counter, key, col) {
+			if err := s.exec(ctx, stmt); err != nil {
+				return nil, err
+			}
+		}
+		vias[counter.ViaTable(c.Through.Counter)] = true
+	}
+	return vias, nil
 }
 
 // slot creates the slot (last: PostgreSQL creates a logical slot only in a

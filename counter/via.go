@@ -1,0 +1,218 @@
+package counter
+
+import (
+	"fmt"
+	"maps"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// pgxIdent quotes a possibly qualified identifier.
+func pgxIdent(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
+
+// Through declares that a counter reaches its target through one parent
+// row (one foreign-key hop): a vote carries post_id, and the total belongs
+// to the post's creator_id. Table is the parent, Key the parent column the
+// counter's Key references, Column the parent column naming the target
+// row, and Where and Filters restrict the parents whose rows count (the
+// post's own deleted and removed flags).
+//
+// ExpandThrough turns such a counter into four plain ones around a table
+// of walcount's own, walcount.via_<name> (ViaTable), one row per parent:
+//
+//	parent_key  the parent's key
+//	target      the parent's Column, kept as the sum of Column over the
+//	            one parent row with that key (0 once it is deleted)
+//	passes      the number of parent rows with that key that pass the
+//	            parent's filter and have a target (1 or 0)
+//	total       the count or sum of the source rows referencing the parent
+//
+// total, target and passes are counters of the via table (RoleTotal,
+// RoleTarget, RolePasses), kept from the source's and the parent's own
+// WAL. The declared counter becomes the level above them: the sum of
+// total over the via rows with passes = 1, keyed by target. It counts
+// walcount's own flushes of the via table from the WAL, as any
+// multi-level counter does, so a parent that moves to another target or
+// leaves the filter moves its whole total in the flush that records the
+// move, and nothing on the hot path queries the parent.
+type Through struct {
+	// Counter is the name of the declared counter; Role says which of
+	// the four this one is ("" for the declared one).
+	Counter string `json:"counter"`
+	Role    string `json:"role,omitempty"`
+	Table   string `json:"table"`
+	Key     string `json:"key"`
+	Column  string `json:"column"`
+	// Where and Filters are the parent's filter, as Counter's.
+	Where   map[string]*string `json:"where,omitempty"`
+	Filters map[string]Filter  `json:"filters,omitempty"`
+}
+
+// The roles of the counters a counter through a parent expands into.
+const (
+	RoleTotal  = "total"
+	RoleTarget = "target"
+	RolePasses = "passes"
+)
+
+// The columns of a via table.
+const (
+	ViaParentKey = "parent_key"
+	ViaTarget    = "target"
+	ViaPasses    = "passes"
+	ViaTotal     = "total"
+)
+
+// ViaSchema is the schema of the via tables: walcount's own.
+const ViaSchema = "walcount"
+
+// viaSuffix is what the names of the generated counters add to the
+// declared one's; MaxViaNameLen keeps them within MaxIdentLen.
+const viaSuffix = "__via_"
+
+// MaxViaNameLen is the longest name a counter through a parent may have:
+// its generated counters' names add "__via_passes".
+const MaxViaNameLen = MaxIdentLen - len(viaSuffix+RolePasses)
+
+// ViaTable is the canonical name of the via table of the counter name.
+func ViaTable(name string) string { return ViaSchema + ".via_" + name }
+
+// ViaCounterName is the name of the generated counter of role of the
+// counter through a parent name.
+func ViaCounterName(name, role string) string { return name + viaSuffix + role }
+
+// IsVia reports whether c is one of the three counters of a via table.
+func (c Counter) IsVia() bool { return c.Through != nil && c.Through.Role != "" }
+
+// Expanded reports whether c is a declared counter through a parent that
+// ExpandThrough has already turned into its level above the via table.
+func (c Counter) expanded() bool {
+	return c.Through != nil && c.Through.Role == "" && c.Source == ViaTable(c.Through.Counter)
+}
+
+// ExpandThrough returns cs with every counter through a parent replaced by
+// the level above its via table, and the three counters of the via table
+// appended after all the declared ones, in declaration order (so that the
+// indexes of problems name the declared counters). Counters already
+// expanded are left as they are.
+func ExpandThrough(cs []Counter) []Counter {
+	out := make([]Counter, 0, len(cs))
+	var extra []Counter
+	for _, c := range cs {
+		if c.Through == nil || c.Through.Role != "" || c.expanded() {
+			out = append(out, c)
+			continue
+		}
+		th := *c.Through
+		th.Counter = c.Name
+		via := ViaTable(c.Name)
+		gen := func(role string) *Through {
+			t := th
+			t.Role = role
+			return &t
+		}
+		// The parent's filter, and a target to count into.
+		where := maps.Clone(th.Where)
+		filters := maps.Clone(th.Filters)
+		if _, ok := where[th.Column]; !ok {
+			if _, ok := filters[th.Column]; !ok {
+				if filters == nil {
+					filters = map[string]Filter{}
+				}
+				filters[th.Column] = Filter{Op: OpNotNull}
+			}
+		}
+		extra = append(extra,
+			Counter{Name: ViaCounterName(c.Name, RoleTotal), Source: c.Source, Key: c.Key,
+				Target: via, TargetKey: ViaParentKey, Column: ViaTotal, Sum: c.Sum,
+				Where: c.Where, Filters: c.Filters, AppendOnly: c.AppendOnly, CreateMissing: true, Through: gen(RoleTotal)},
+			Counter{Name: ViaCounterName(c.Name, RoleTarget), Source: th.Table, Key: th.Key,
+				Target: via, TargetKey: ViaParentKey, Column: ViaTarget, Sum: th.Column,
+				CreateMissing: true, Through: gen(RoleTarget)},
+			Counter{Name: ViaCounterName(c.Name, RolePasses), Source: th.Table, Key: th.Key,
+				Target: via, TargetKey: ViaParentKey, Column: ViaPasses,
+				Where: where, Filters: filters, CreateMissing: true, Through: gen(RolePasses)},
+		)
+		one := "1"
+		top := c
+		top.Through = &th
+		top.Source, top.Key, top.Sum = via, ViaTarget, ViaTotal
+		top.Where, top.Filters, top.AppendOnly = map[string]*string{ViaPasses: &one}, nil, false
+		out = append(out, top)
+	}
+	return append(out, extra...)
+}
+
+// ThroughProblems checks what a counter through a parent declares beyond
+// a plain counter's fields, before it is expanded: field is the counter's
+// FieldPath. Only a counter without problems may be expanded.
+func ThroughProblems(field string, c Counter) []Problem {
+	th := c.Through
+	if th == nil || th.Role != "" || c.expanded() {
+		return nil
+	}
+	var ps []Problem
+	add := func(sub, format string, args ...any) {
+		ps = append(ps, Problem{Field: field + "." + sub, Msg: fmt.Sprintf(format, args...)})
+	}
+	if len(c.Name) > MaxViaNameLen {
+		add("name", "a counter with via has a name of at most %d bytes (the counters of its via table add %q)", MaxViaNameLen, viaSuffix+RolePasses)
+	}
+	switch {
+	case c.Keyless():
+		add("via", "a total with no key (target_row) reaches no parent")
+	case c.Max != "" || c.Min != "":
+		add("via", "a max or min cannot go through a parent yet; a count or a sum can")
+	}
+	if th.Table == "" {
+		add("via.table", "required (the parent table)")
+	}
+	if th.Key == "" {
+		add("via.key", "required (the parent column that key references)")
+	}
+	if th.Column == "" {
+		add("via.column", "required (the parent column naming the target row)")
+	}
+	if _, ok := th.Where[th.Column]; ok && th.Column != "" {
+		add("via.where."+th.Column, "via.column is filtered already: a parent with no target counts for none")
+	}
+	for _, t := range []string{c.Source, th.Table} {
+		if s, _, err := parseTable(t); err == nil && s == ViaSchema {
+			add("via", "the walcount schema is walcount's own: neither the source nor the parent can be in it")
+			break
+		}
+	}
+	return ps
+}
+
+// ViaTableSQL returns the statements that create the via table of the
+// counter through a parent c (its level above the via table, or the
+// declared counter), with a parent_key of the parent key's type and a
+// total of the counter column's type, or do nothing when it exists. The
+// table has REPLICA IDENTITY FULL (the level above it reads the old
+// target, passes and total of every UPDATE) and an index on target (the
+// level above reconciles by target).
+func ViaTableSQL(name string, parentKey, column Column) []string {
+	schema, table := SplitTable(ViaTable(name))
+	ident := pgxIdent(schema, table)
+	return []string{
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s %s PRIMARY KEY, %s bigint NOT NULL DEFAULT 0, %s bigint NOT NULL DEFAULT 0, %s %s NOT NULL DEFAULT 0)`,
+			ident, ViaParentKey, parentKey.Full, ViaTarget, ViaPasses, ViaTotal, column.Full),
+		fmt.Sprintf(`ALTER TABLE %s REPLICA IDENTITY FULL`, ident),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`, pgxIdent(table+"_target"), ident, ViaTarget),
+	}
+}
+
+// ViaSeedSQL is the statement that gives every parent row a via row
+// (zeros) when it has none: a reconciliation over every key of the via
+// table's counters only measures the rows it has, so a full run of them
+// (a backfill among them) seeds first. A zero row changes no count above
+// it, and the stream's deltas for a parent seeded meanwhile add to it.
+func ViaSeedSQL(c Counter) string {
+	th := c.Through
+	ps, pt := SplitTable(th.Table)
+	vs, vt := SplitTable(ViaTable(th.Counter))
+	key := pgxIdent(th.Key)
+	return fmt.Sprintf(`INSERT INTO %[1]s (%[2]s) SELECT p.%[3]s FROM %[4]s AS p WHERE p.%[3]s IS NOT NULL AND NOT EXISTS (SELECT 1 FROM %[1]s AS v WHERE v.%[2]s = p.%[3]s) ON CONFLICT DO NOTHING`,
+		pgxIdent(vs, vt), ViaParentKey, key, pgxIdent(ps, pt))
+}
