@@ -318,7 +318,7 @@ func fileCounters(in []fileCounter) ([]counter.Counter, []Problem) {
 		var ps []Problem
 		c.Where, c.Filters, ps = fileWhere(field, "where", fc.Where, col)
 		problems = append(problems, ps...)
-		if v := fc.Via; v != nil {
+		if v := fc.Via; v != nil && (v.Table != "" || v.Key != "" || v.Column != "" || len(v.Where) > 0) {
 			th := &counter.Through{Table: v.Table, Key: col("via.key", v.Key), Column: col("via.column", v.Column)}
 			th.Where, th.Filters, ps = fileWhere(field, "via.where", v.Where, col)
 			problems = append(problems, ps...)
@@ -506,6 +506,7 @@ var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 // words a user of the file understands.
 var yamlTypeNames = strings.NewReplacer(
 	"in type config.fileCounter", "in a counter",
+	"in type config.fileVia", "in a counter's via",
 	"in type config.fileConfig", "at the top level",
 	"in type config.ReconcileSettings", "in reconcile",
 	"in type config.SlotSettings", "in slot_monitor",

@@ -185,7 +185,8 @@ func throughLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 // seeds a via row per post), churn with posts moved, soft-deleted,
 // removed, restored, deleted and re-keyed, a crash right after a flush
 // committed, drift in a via table and in the targets corrected by one
-// reconciliation while the app writes, and a post's row held by the app.
+// reconciliation while the app writes, a user's row held by the app,
+// and TRUNCATEs of the votes and of the posts.
 func TestThroughParent(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, throughSchema, func(e *env) { e.cfg = e.loadConfig(throughConfig) })
@@ -255,6 +256,16 @@ func TestThroughParent(t *testing.T) {
 	throughLoad(ctx, t, e, 2, 50)
 	e.waitBothLevels()
 	e.assertThroughExact("after a TRUNCATE of votes")
+
+	// A TRUNCATE of the parent, with its votes and comments: every via
+	// row's passes and target are zeroed, and so is every total above.
+	e.inTransaction("TRUNCATE posts, votes, comments",
+		"INSERT INTO posts (id, creator_id, community_id) SELECT g, 1 + g % 9, 1 + g % 4 FROM generate_series(1, 25) g",
+		"INSERT INTO votes (post_id, score) SELECT 1 + g % 25, 1 FROM generate_series(1, 100) g",
+		"INSERT INTO comments (post_id) SELECT 1 + g % 20 FROM generate_series(1, 60) g")
+	throughLoad(ctx, t, e, 2, 60)
+	e.waitBothLevels()
+	e.assertThroughExact("after a TRUNCATE of posts")
 	e.assertHealthy(d)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)

@@ -898,7 +898,8 @@ func (r *run) checkCreateMissing() error {
 	var order []string
 	groups := map[string]*group{}
 	for i, c := range r.cfg.Counters {
-		if !c.CreateMissing {
+		if !c.CreateMissing || c.IsVia() {
+			// A via table is walcount's own, made to take created rows.
 			continue
 		}
 		tgt, err := r.lookupTable(c.Target)
