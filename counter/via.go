@@ -52,7 +52,11 @@ type Through struct {
 const (
 	RoleTotal  = "total"
 	RoleTarget = "target"
-	RolePasses = "passes"
+	// RolePasses is named "where" so that it sorts after "target": the
+	// flush applies the counters of one target in name order, and a new
+	// parent's via row then gets its target before it passes (see
+	// docs/design.md).
+	RolePasses = "where"
 )
 
 // The columns of a via table.
@@ -71,8 +75,8 @@ const ViaSchema = "walcount"
 const viaSuffix = "__via_"
 
 // MaxViaNameLen is the longest name a counter through a parent may have:
-// its generated counters' names add "__via_passes".
-const MaxViaNameLen = MaxIdentLen - len(viaSuffix+RolePasses)
+// its generated counters' names add at most "__via_target".
+const MaxViaNameLen = MaxIdentLen - len(viaSuffix+RoleTarget)
 
 // ViaTable is the canonical name of the via table of the counter name.
 func ViaTable(name string) string { return ViaSchema + ".via_" + name }
@@ -156,7 +160,7 @@ func ThroughProblems(field string, c Counter) []Problem {
 		ps = append(ps, Problem{Field: field + "." + sub, Msg: fmt.Sprintf(format, args...)})
 	}
 	if len(c.Name) > MaxViaNameLen {
-		add("name", "a counter with via has a name of at most %d bytes (the counters of its via table add %q)", MaxViaNameLen, viaSuffix+RolePasses)
+		add("name", "a counter with via has a name of at most %d bytes (the counters of its via table add %q)", MaxViaNameLen, viaSuffix+RoleTarget)
 	}
 	switch {
 	case c.Keyless():

@@ -34,7 +34,7 @@ func TestLoadVia(t *testing.T) {
 	for _, c := range cfg.Counters {
 		names = append(names, c.Name)
 	}
-	if got := strings.Join(names, " "); got != "likes_of_post karma karma__via_total karma__via_target karma__via_passes" {
+	if got := strings.Join(names, " "); got != "likes_of_post karma karma__via_total karma__via_target karma__via_where" {
 		t.Fatalf("counters %s", got)
 	}
 	top, total, target, passes := cfg.Counters[1], cfg.Counters[2], cfg.Counters[3], cfg.Counters[4]
