@@ -324,7 +324,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	defer poll.Stop()
 	defer func() {
 		// A clean stop hands the runs it held to the next walcount at
-		// once; a crash leaves them to the lease's expiry.
+		// once; after a crash, the next one to stream takes them over.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := r.runs.Release(rctx, r.opt.Owner); err != nil {
@@ -540,7 +540,9 @@ func (r *Reconciler) retryBackfill(ctx context.Context) error {
 // first, while this daemon streams.
 func (r *Reconciler) runPending(ctx context.Context) error {
 	for ctx.Err() == nil && r.streaming() {
-		run, ok, err := r.runs.Claim(ctx, r.opt.Owner, r.opt.Lease)
+		// The daemon that streams takes over a run a daemon that lost
+		// the slot held (state.Runs.Claim).
+		run, ok, err := r.runs.Claim(ctx, r.opt.Owner, r.opt.Lease, r.opt.Streaming != nil)
 		if err != nil || !ok {
 			return err
 		}

@@ -111,13 +111,22 @@ VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7) RETURNING `+runCols, s.slot, r.Ki
 // lease that expired) or that owner already holds, and gives owner a lease
 // of lease on it. Two daemons never execute one run: the row lock and SKIP
 // LOCKED let one of them claim it, and the other finds it held.
-func (s Runs) Claim(ctx context.Context, owner string, lease time.Duration) (Run, bool, error) {
+//
+// streams says that owner streams the slot now. Only the daemon that
+// streams can execute a run (a measurement needs its markers from the
+// stream), and a slot streams to one connection at a time, so a run that
+// another owner holds then belongs to a daemon that lost the slot (killed,
+// or cut off): it is taken over at once, not after its lease. The daemon
+// that held it can finish no measurement (its markers never arrive) and
+// can save nothing (its saves match no row: ErrLeaseLost), exactly as
+// when its lease expired.
+func (s Runs) Claim(ctx context.Context, owner string, lease time.Duration, streams bool) (Run, bool, error) {
 	r, err := scanRun(s.q.QueryRow(ctx, `UPDATE walcount.reconcile_runs SET owner = $2, lease_until = now() + $3::float8 * interval '1 second', updated_at = now()
 WHERE id = (SELECT id FROM walcount.reconcile_runs
             WHERE slot_name = $1 AND status IN ('pending', 'running')
-              AND (owner IS NULL OR owner = $2 OR lease_until < now())
+              AND (owner IS NULL OR owner = $2 OR lease_until < now() OR $4)
             ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING `+runCols, s.slot, owner, lease.Seconds()))
+RETURNING `+runCols, s.slot, owner, lease.Seconds(), streams))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}

@@ -12,8 +12,22 @@ import (
 // once that one streams too: the kill -9 rounds of the crash tests.
 func killTwice(t *testing.T, env []string, addr string) *proc {
 	t.Helper()
+	var killed []*proc
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for i, p := range killed {
+			out := p.stderr.String()
+			if len(out) > 6000 {
+				out = out[len(out)-6000:]
+			}
+			t.Logf("walcount killed in round %d, its log (its end):\n%s", i, out)
+		}
+	})
 	for round := range 2 {
 		p := startWalcount(t, env, "run")
+		killed = append(killed, p)
 		waitStreaming(t, p, addr)
 		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {

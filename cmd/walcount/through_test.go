@@ -101,6 +101,41 @@ counters:
 
 	const off = `
 SELECT count(*) FROM users u WHERE u.karma <> (SELECT coalesce(sum(v.score), 0) FROM votes v JOIN posts p ON p.id = v.post_id WHERE p.creator_id = u.id AND NOT p.deleted)`
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// Which level is off: the via table against the votes and posts,
+		// or the users against the via table.
+		pool, err := pgxpool.New(context.Background(), c.db)
+		if err != nil {
+			return
+		}
+		defer pool.Close()
+		for _, q := range []string{
+			`SELECT 'via ' || v.parent_key || ': total ' || v.total || ' target ' || v.target || ' passes ' || v.passes || ', true ' ||
+  coalesce((SELECT sum(score) FROM votes WHERE post_id = v.parent_key), 0) || ' ' || coalesce(p.creator_id, 0) || ' ' ||
+  (CASE WHEN p.creator_id IS NOT NULL AND NOT p.deleted THEN 1 ELSE 0 END)
+FROM walcount.via_user_karma v LEFT JOIN posts p ON p.id = v.parent_key
+WHERE v.total <> coalesce((SELECT sum(score) FROM votes WHERE post_id = v.parent_key), 0) OR v.target <> coalesce(p.creator_id, 0)
+   OR v.passes <> (CASE WHEN p.creator_id IS NOT NULL AND NOT p.deleted THEN 1 ELSE 0 END)`,
+			`SELECT 'user ' || u.id || ': karma ' || u.karma || ', via sum ' || coalesce((SELECT sum(total) FROM walcount.via_user_karma WHERE target = u.id AND passes = 1), 0)
+FROM users u WHERE u.karma <> coalesce((SELECT sum(total) FROM walcount.via_user_karma WHERE target = u.id AND passes = 1), 0)`,
+		} {
+			rows, err := pool.Query(context.Background(), q)
+			if err != nil {
+				t.Logf("diagnose: %v", err)
+				continue
+			}
+			for rows.Next() {
+				var line string
+				if rows.Scan(&line) == nil {
+					t.Log(line)
+				}
+			}
+			rows.Close()
+		}
+	})
 	c.settlesExact(off, "users")
 	t.Logf("exact after two SIGKILLs: %d votes", c.count("SELECT count(*) FROM votes"))
 	if code := last.stop(); code != exitOK {

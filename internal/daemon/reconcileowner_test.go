@@ -137,3 +137,39 @@ func TestCrashBetweenCorrectionAndFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReconcileTakenOverAfterKill: a run held by a daemon that was killed
+// (its lease still an hour away, as SIGKILL leaves it: no clean stop
+// released it) is taken over by the next daemon as soon as it streams the
+// slot, not when the lease expires, and corrects what it finds.
+func TestReconcileTakenOverAfterKill(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	d := e.start()
+	waitRun(t, d, 0) // the backfill
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(ctx, `UPDATE posts SET likes_count = likes_count + 5 WHERE id IN (3, 7)`); err != nil {
+		t.Fatal(err)
+	}
+	run, err := state.NewRuns(e.db, e.cfg.Slot).Create(ctx, state.KindManual, []string{"post_likes"}, false, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Exec(ctx, `UPDATE walcount.reconcile_runs SET status = 'running', owner = 'killed-host/4242/1', lease_until = now() + interval '1 hour'
+WHERE id = $1`, run.ID); err != nil {
+		t.Fatal(err)
+	}
+	d = e.start()
+	checked, corrected := e.waitDBRun(t, run.ID)
+	if corrected != 2 || checked == 0 {
+		t.Fatalf("run taken over: %d keys checked, %d corrected; want 2 corrected", checked, corrected)
+	}
+	e.waitCaughtUp(catchUp)
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
