@@ -186,7 +186,8 @@ func throughLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 // removed, restored, deleted and re-keyed, a crash right after a flush
 // committed, drift in a via table and in the targets corrected by one
 // reconciliation while the app writes, a user's row held by the app,
-// and TRUNCATEs of the votes and of the posts.
+// TRUNCATEs of the votes and of the posts, and the posts' replica
+// identity lost and restored (degraded, dirty, repaired by itself).
 func TestThroughParent(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, throughSchema, func(e *env) { e.cfg = e.loadConfig(throughConfig) })
@@ -266,6 +267,18 @@ func TestThroughParent(t *testing.T) {
 	throughLoad(ctx, t, e, 2, 60)
 	e.waitBothLevels()
 	e.assertThroughExact("after a TRUNCATE of posts")
+
+	// The parent's identity lost under load: the via table's counters of
+	// posts cannot attribute the old rows, are degraded and dirty while
+	// the others go on, and are repaired by themselves once it is back.
+	e.exec("ALTER TABLE posts REPLICA IDENTITY DEFAULT")
+	throughLoad(ctx, t, e, 2, 60)
+	waitFor(t, "the via counters of posts degraded", func() bool { return len(d.d.Status(ctx).Degraded) > 0 })
+	e.exec("ALTER TABLE posts REPLICA IDENTITY FULL")
+	throughLoad(ctx, t, e, 2, 60)
+	e.waitClean(t, 2*time.Minute)
+	e.waitBothLevels()
+	e.assertThroughExact("after posts' identity came back")
 	e.assertHealthy(d)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
