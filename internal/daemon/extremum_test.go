@@ -115,29 +115,7 @@ func extremumLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 	t.Helper()
 	w := newWorkload(e.db)
 	w.posts = 20
-	var wg sync.WaitGroup
-	for c := range clients {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(c+21), uint64(ops)*17+uint64(time.Now().UnixNano())))
-			for range ops {
-				if ctx.Err() != nil {
-					return
-				}
-				if err := extremumOp(ctx, w, rng); err != nil {
-					if ctx.Err() == nil {
-						w.bad.Add(1)
-					}
-				} else {
-					w.ok.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	w.report(t)
-	if w.bad.Load() > 0 {
-		t.Fatalf("%d operations failed", w.bad.Load())
-	}
+	w.runOps(ctx, t, clients, ops, extremumOp)
 }
 
 // TestExtremumKinds keeps max and min counters exact: a backfill of the

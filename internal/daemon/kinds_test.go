@@ -131,29 +131,7 @@ func kindsLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 	t.Helper()
 	w := newWorkload(e.db)
 	w.posts = 30
-	var wg sync.WaitGroup
-	for c := range clients {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(c+1), uint64(ops)*13+uint64(time.Now().UnixNano())))
-			for range ops {
-				if ctx.Err() != nil {
-					return
-				}
-				if err := kindsOp(ctx, w, rng); err != nil {
-					if ctx.Err() == nil {
-						w.bad.Add(1)
-					}
-				} else {
-					w.ok.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	w.report(t)
-	if w.bad.Load() > 0 {
-		t.Fatalf("%d operations failed", w.bad.Load())
-	}
+	w.runOps(ctx, t, clients, ops, kindsOp)
 }
 
 // TestFilterBoolAndDerivedKinds keeps the four counters of kindsConfig
@@ -166,22 +144,8 @@ func TestFilterBoolAndDerivedKinds(t *testing.T) {
 	e := newEnvWith(t, kindsSchema, func(e *env) { e.cfg = e.loadConfig(kindsConfig) })
 	ctx := context.Background()
 
-	// Backfill on a live table, then a crash after a commit.
-	fp := &failpoint.Set{}
-	disarm := fp.CrashAfter(failpoint.AfterCommit, 8)
-	d := e.start(func(o *Options) { o.Failpoints = fp })
-	kindsLoad(ctx, t, e, 3, 150)
-	if err := d.wait(t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
-		t.Fatalf("daemon returned %v, want the simulated crash", err)
-	}
-	disarm()
-	kindsLoad(ctx, t, e, 2, 50)
-	d = e.start()
-	kindsLoad(ctx, t, e, 3, 150)
-	// The backfill the crash interrupted is done again by the new daemon.
-	if run := waitRun(t, d, 0); run.Status != "done" {
-		t.Fatalf("backfill %+v, want done", run)
-	}
+	// A backfill on live tables, a crash after a commit, more churn.
+	d := e.crashInBackfill(8, func(clients, ops int) { kindsLoad(ctx, t, e, clients, ops) })
 	e.waitCaughtUp(catchUp)
 	e.assertNone("after the backfill, a crash and churn", kindsTruth)
 

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/reconcile"
 )
 
@@ -134,31 +133,7 @@ func multiOp(ctx context.Context, w *workload, rng *rand.Rand) error {
 
 func multiLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 	t.Helper()
-	w := newWorkload(e.db)
-	var wg sync.WaitGroup
-	for c := range clients {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(c+21), uint64(time.Now().UnixNano())))
-			for range ops {
-				if ctx.Err() != nil {
-					return
-				}
-				if err := multiOp(ctx, w, rng); err != nil && !isCode(err, "23503") && !isCode(err, "23505") {
-					if ctx.Err() == nil {
-						w.bad.Add(1)
-						t.Logf("multi op: %v", err)
-					}
-				} else {
-					w.ok.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	w.report(t)
-	if w.bad.Load() > 0 {
-		t.Fatalf("%d operations failed", w.bad.Load())
-	}
+	newWorkload(e.db).runOps(ctx, t, clients, ops, multiOp, "23503", "23505")
 }
 
 // TestMultiLevelCounter keeps likes → posts.likes_count → users.total_likes
@@ -178,21 +153,8 @@ func TestMultiLevelCounter(t *testing.T) {
 	e := newEnvWith(t, multiSchema, func(e *env) { e.cfg = e.loadConfig(multiConfig) })
 	ctx := context.Background()
 
-	// Both backfills on live tables, then a crash after a commit.
-	fp := &failpoint.Set{}
-	disarm := fp.CrashAfter(failpoint.AfterCommit, 8)
-	d := e.start(func(o *Options) { o.Failpoints = fp })
-	multiLoad(ctx, t, e, 3, 150)
-	if err := d.wait(t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
-		t.Fatalf("daemon returned %v, want the simulated crash", err)
-	}
-	disarm()
-	multiLoad(ctx, t, e, 2, 50)
-	d = e.start()
-	multiLoad(ctx, t, e, 3, 150)
-	if run := waitRun(t, d, 0); run.Status != "done" {
-		t.Fatalf("backfill %+v, want done", run)
-	}
+	// A backfill on live tables, a crash after a commit, more churn.
+	d := e.crashInBackfill(8, func(clients, ops int) { multiLoad(ctx, t, e, clients, ops) })
 	e.waitBothLevels()
 	e.assertMultiExact("after the backfill, a crash and churn")
 

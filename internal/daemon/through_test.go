@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/reconcile"
 )
 
@@ -152,31 +150,7 @@ func throughOp(ctx context.Context, w *workload, rng *rand.Rand) error {
 
 func throughLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 	t.Helper()
-	w := newWorkload(e.db)
-	var wg sync.WaitGroup
-	for c := range clients {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(c+41), uint64(time.Now().UnixNano())))
-			for range ops {
-				if ctx.Err() != nil {
-					return
-				}
-				if err := throughOp(ctx, w, rng); err != nil && !isCode(err, "23503") && !isCode(err, "23505") {
-					if ctx.Err() == nil {
-						w.bad.Add(1)
-						t.Logf("through op: %v", err)
-					}
-				} else {
-					w.ok.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	w.report(t)
-	if w.bad.Load() > 0 {
-		t.Fatalf("%d operations failed", w.bad.Load())
-	}
+	newWorkload(e.db).runOps(ctx, t, clients, ops, throughOp, "23503", "23505")
 }
 
 // TestThroughParent keeps users.karma (votes through posts.creator_id) and
@@ -193,20 +167,8 @@ func TestThroughParent(t *testing.T) {
 	e := newEnvWith(t, throughSchema, func(e *env) { e.cfg = e.loadConfig(throughConfig) })
 	ctx := context.Background()
 
-	fp := &failpoint.Set{}
-	disarm := fp.CrashAfter(failpoint.AfterCommit, 8)
-	d := e.start(func(o *Options) { o.Failpoints = fp })
-	throughLoad(ctx, t, e, 3, 150)
-	if err := d.wait(t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
-		t.Fatalf("daemon returned %v, want the simulated crash", err)
-	}
-	disarm()
-	throughLoad(ctx, t, e, 2, 50)
-	d = e.start()
-	throughLoad(ctx, t, e, 3, 150)
-	if run := waitRun(t, d, 0); run.Status != "done" {
-		t.Fatalf("backfill %+v, want done", run)
-	}
+	// A backfill on live tables, a crash after a commit, more churn.
+	d := e.crashInBackfill(8, func(clients, ops int) { throughLoad(ctx, t, e, clients, ops) })
 	e.waitBothLevels()
 	e.assertThroughExact("after the backfill, a crash and churn")
 

@@ -2,14 +2,19 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/walcount/walcount/internal/failpoint"
 )
 
 // workload drives every kind of like traffic a Rails app produces, from
@@ -165,4 +170,62 @@ func (w *workload) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 
 func (w *workload) report(t testing.TB) {
 	t.Logf("workload: %d operations ok, %d failed", w.ok.Load(), w.bad.Load())
+}
+
+// runOps runs ops operations of op on each of clients connections at
+// once, each client with a random source of its own, and fails t when an
+// operation fails: any error, or with tolerate one whose SQLSTATE is not
+// listed (a foreign key or unique violation the churn's races make).
+func (w *workload) runOps(ctx context.Context, t testing.TB, clients, ops int, op func(context.Context, *workload, *rand.Rand) error, tolerate ...string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(c+1), uint64(ops)*13+uint64(time.Now().UnixNano())))
+			for range ops {
+				if ctx.Err() != nil {
+					return
+				}
+				err := op(ctx, w, rng)
+				if err != nil && !slices.ContainsFunc(tolerate, func(code string) bool { return isCode(err, code) }) {
+					if ctx.Err() == nil {
+						w.bad.Add(1)
+						t.Logf("operation: %v", err)
+					}
+				} else {
+					w.ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	w.report(t)
+	if w.bad.Load() > 0 {
+		t.Fatalf("%d operations failed", w.bad.Load())
+	}
+}
+
+// crashInBackfill is the opening of the counter-kind tests: a daemon
+// starts on tables that have rows (a backfill on live tables) and crashes
+// right after its crashAfter-th flush commit under load, more load comes
+// while it is down, and a second daemon, returned, finishes the backfill
+// under load. load(clients, ops) is the test's churn.
+func (e *env) crashInBackfill(crashAfter int, load func(clients, ops int)) *running {
+	e.t.Helper()
+	fp := &failpoint.Set{}
+	disarm := fp.CrashAfter(failpoint.AfterCommit, crashAfter)
+	d := e.start(func(o *Options) { o.Failpoints = fp })
+	load(3, 150)
+	if err := d.wait(e.t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
+		e.t.Fatalf("daemon returned %v, want the simulated crash", err)
+	}
+	disarm()
+	load(2, 50)
+	d = e.start()
+	load(3, 150)
+	// The backfill the crash interrupted is done again by the new daemon.
+	if run := waitRun(e.t, d, 0); run.Status != "done" {
+		e.t.Fatalf("backfill %+v, want done", run)
+	}
+	return d
 }
