@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"math/rand/v2"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -47,39 +45,24 @@ counters:
 	}
 	defer pool.Close()
 
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var failed sync.Map
-	for w := range 3 {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w+40), uint64(time.Now().UnixNano())))
-			for ctx.Err() == nil {
-				post := 1 + rng.Int64N(20)
-				newest := "(SELECT id FROM comments WHERE post_id = $1 ORDER BY at DESC NULLS LAST LIMIT 1)"
-				var err error
-				switch k := rng.IntN(10); {
-				case k < 4:
-					_, err = pool.Exec(ctx, "INSERT INTO comments (post_id, at, score) VALUES ($1, now() - $2 * interval '1 ms', $3)", post, rng.IntN(5000), rng.IntN(1000)-500)
-				case k < 6:
-					_, err = pool.Exec(ctx, "DELETE FROM comments WHERE id = "+newest, post)
-				case k < 7:
-					_, err = pool.Exec(ctx, "DELETE FROM comments WHERE id = (SELECT id FROM comments ORDER BY score DESC NULLS LAST LIMIT 1)")
-				case k < 8:
-					_, err = pool.Exec(ctx, "UPDATE comments SET hidden = NOT hidden, score = score + 7 WHERE id = "+newest, post)
-				default:
-					_, err = pool.Exec(ctx, "UPDATE comments SET post_id = $2 WHERE id = "+newest, post, 1+rng.Int64N(20))
-				}
-				if err != nil && ctx.Err() == nil {
-					failed.Store(err.Error(), true)
-				}
-			}
-		})
-	}
-	last := killTwice(t, env, addr)
-	time.Sleep(500 * time.Millisecond)
-	stop()
-	wg.Wait()
-	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
+	last := killTwiceUnderLoad(t, env, addr, func(ctx context.Context, rng *rand.Rand) error {
+		post := 1 + rng.Int64N(20)
+		newest := "(SELECT id FROM comments WHERE post_id = $1 ORDER BY at DESC NULLS LAST LIMIT 1)"
+		var err error
+		switch k := rng.IntN(10); {
+		case k < 4:
+			_, err = pool.Exec(ctx, "INSERT INTO comments (post_id, at, score) VALUES ($1, now() - $2 * interval '1 ms', $3)", post, rng.IntN(5000), rng.IntN(1000)-500)
+		case k < 6:
+			_, err = pool.Exec(ctx, "DELETE FROM comments WHERE id = "+newest, post)
+		case k < 7:
+			_, err = pool.Exec(ctx, "DELETE FROM comments WHERE id = (SELECT id FROM comments ORDER BY score DESC NULLS LAST LIMIT 1)")
+		case k < 8:
+			_, err = pool.Exec(ctx, "UPDATE comments SET hidden = NOT hidden, score = score + 7 WHERE id = "+newest, post)
+		default:
+			_, err = pool.Exec(ctx, "UPDATE comments SET post_id = $2 WHERE id = "+newest, post, 1+rng.Int64N(20))
+		}
+		return err
+	})
 
 	// The app has stopped: the columns must reach the truth and stay.
 	const off = `

@@ -1,11 +1,41 @@
 package main
 
 import (
+	"context"
 	"math/rand/v2"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
+
+// killTwiceUnderLoad runs op in a loop on three clients of the app (each
+// with a random source of its own) while killTwice kills walcount twice,
+// stops them half a second after the last walcount streams, reports every
+// write of theirs that failed, and returns the last walcount.
+func killTwiceUnderLoad(t *testing.T, env []string, addr string, op func(ctx context.Context, rng *rand.Rand) error) *proc {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	var failed sync.Map
+	for w := range 3 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for ctx.Err() == nil {
+				if err := op(ctx, rng); err != nil && ctx.Err() == nil {
+					failed.Store(err.Error(), true)
+				}
+			}
+		})
+	}
+	last := killTwice(t, env, addr)
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	wg.Wait()
+	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
+	return last
+}
 
 // killTwice runs walcount run with env and kills it with SIGKILL a
 // moment after it streams, twice, then starts a last one and returns it

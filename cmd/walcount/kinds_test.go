@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"math/rand/v2"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,50 +55,35 @@ counters:
 	}
 	defer pool.Close()
 
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var failed sync.Map
-	for w := range 3 {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-			kinds := []any{"like", "love", "spam", nil}
-			for ctx.Err() == nil {
-				post := 1 + rng.Int64N(20)
-				var user, up, base any = rng.Int64N(9), rng.IntN(2) == 0, rng.IntN(11) - 5
-				if rng.IntN(5) == 0 {
-					user = nil
-				}
-				if rng.IntN(6) == 0 {
-					up = nil
-				}
-				pick := "(SELECT id FROM votes WHERE post_id = $1 ORDER BY random() LIMIT 1)"
-				var err error
-				switch k := rng.IntN(10); {
-				case k < 4:
-					_, err = pool.Exec(ctx, "INSERT INTO votes (post_id, user_id, kind, up, base) VALUES ($1, $2, $3, $4, $5)", post, user, kinds[rng.IntN(4)], up, base)
-					if err == nil {
-						_, err = pool.Exec(ctx, "INSERT INTO events (post_id) VALUES ($1)", post)
-					}
-				case k < 5:
-					_, err = pool.Exec(ctx, "UPDATE votes SET up = NOT up, base = base + 1 WHERE id = "+pick, post)
-				case k < 6:
-					_, err = pool.Exec(ctx, "UPDATE votes SET kind = $2, user_id = $3 WHERE id = "+pick, post, kinds[rng.IntN(4)], user)
-				case k < 8:
-					_, err = pool.Exec(ctx, "UPDATE votes SET post_id = $2 WHERE id = "+pick, post, 1+rng.Int64N(20))
-				default:
-					_, err = pool.Exec(ctx, "DELETE FROM votes WHERE id = "+pick, post)
-				}
-				if err != nil && ctx.Err() == nil {
-					failed.Store(err.Error(), true)
-				}
+	kinds := []any{"like", "love", "spam", nil}
+	last := killTwiceUnderLoad(t, env, addr, func(ctx context.Context, rng *rand.Rand) error {
+		post := 1 + rng.Int64N(20)
+		var user, up, base any = rng.Int64N(9), rng.IntN(2) == 0, rng.IntN(11) - 5
+		if rng.IntN(5) == 0 {
+			user = nil
+		}
+		if rng.IntN(6) == 0 {
+			up = nil
+		}
+		pick := "(SELECT id FROM votes WHERE post_id = $1 ORDER BY random() LIMIT 1)"
+		var err error
+		switch k := rng.IntN(10); {
+		case k < 4:
+			_, err = pool.Exec(ctx, "INSERT INTO votes (post_id, user_id, kind, up, base) VALUES ($1, $2, $3, $4, $5)", post, user, kinds[rng.IntN(4)], up, base)
+			if err == nil {
+				_, err = pool.Exec(ctx, "INSERT INTO events (post_id) VALUES ($1)", post)
 			}
-		})
-	}
-	last := killTwice(t, env, addr)
-	time.Sleep(500 * time.Millisecond)
-	stop()
-	wg.Wait()
-	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
+		case k < 5:
+			_, err = pool.Exec(ctx, "UPDATE votes SET up = NOT up, base = base + 1 WHERE id = "+pick, post)
+		case k < 6:
+			_, err = pool.Exec(ctx, "UPDATE votes SET kind = $2, user_id = $3 WHERE id = "+pick, post, kinds[rng.IntN(4)], user)
+		case k < 8:
+			_, err = pool.Exec(ctx, "UPDATE votes SET post_id = $2 WHERE id = "+pick, post, 1+rng.Int64N(20))
+		default:
+			_, err = pool.Exec(ctx, "DELETE FROM votes WHERE id = "+pick, post)
+		}
+		return err
+	})
 
 	// The app has stopped: the columns must reach the truth and stay.
 	const off = `

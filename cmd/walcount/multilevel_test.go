@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"math/rand/v2"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -46,40 +44,25 @@ counters:
 	}
 	defer pool.Close()
 
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var failed sync.Map
-	for w := range 3 {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-			for ctx.Err() == nil {
-				post := 1 + rng.Int64N(20)
-				var err error
-				switch k := rng.IntN(10); {
-				case k < 4:
-					_, err = pool.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1)", post)
-				case k < 6:
-					_, err = pool.Exec(ctx, "DELETE FROM likes WHERE id = (SELECT id FROM likes WHERE post_id = $1 ORDER BY random() LIMIT 1)", post)
-				case k < 8:
-					_, err = pool.Exec(ctx, "UPDATE likes SET post_id = $2 WHERE id = (SELECT id FROM likes WHERE post_id = $1 LIMIT 1)", post, 1+rng.Int64N(20))
-				default:
-					var user any = 1 + rng.Int64N(8)
-					if rng.IntN(6) == 0 {
-						user = nil
-					}
-					_, err = pool.Exec(ctx, "UPDATE posts SET user_id = $2 WHERE id = $1", post, user)
-				}
-				if err != nil && ctx.Err() == nil {
-					failed.Store(err.Error(), true)
-				}
+	last := killTwiceUnderLoad(t, env, addr, func(ctx context.Context, rng *rand.Rand) error {
+		post := 1 + rng.Int64N(20)
+		var err error
+		switch k := rng.IntN(10); {
+		case k < 4:
+			_, err = pool.Exec(ctx, "INSERT INTO likes (post_id) VALUES ($1)", post)
+		case k < 6:
+			_, err = pool.Exec(ctx, "DELETE FROM likes WHERE id = (SELECT id FROM likes WHERE post_id = $1 ORDER BY random() LIMIT 1)", post)
+		case k < 8:
+			_, err = pool.Exec(ctx, "UPDATE likes SET post_id = $2 WHERE id = (SELECT id FROM likes WHERE post_id = $1 LIMIT 1)", post, 1+rng.Int64N(20))
+		default:
+			var user any = 1 + rng.Int64N(8)
+			if rng.IntN(6) == 0 {
+				user = nil
 			}
-		})
-	}
-	last := killTwice(t, env, addr)
-	time.Sleep(500 * time.Millisecond)
-	stop()
-	wg.Wait()
-	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
+			_, err = pool.Exec(ctx, "UPDATE posts SET user_id = $2 WHERE id = $1", post, user)
+		}
+		return err
+	})
 
 	// The app has stopped: both levels must reach the truth and stay.
 	const off = `

@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"math/rand/v2"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -48,35 +46,20 @@ func TestStandbyDecodingSurvivesKill9(t *testing.T) {
 	}
 	defer pool.Close()
 
-	load, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var failed sync.Map
-	for w := range 3 {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-			for load.Err() == nil {
-				post := 1 + rng.Int64N(20)
-				pick := "(SELECT id FROM likes WHERE post_id = $1 ORDER BY random() LIMIT 1)"
-				var err error
-				switch k := rng.IntN(10); {
-				case k < 6:
-					_, err = pool.Exec(load, "INSERT INTO likes (post_id) VALUES ($1)", post)
-				case k < 8:
-					_, err = pool.Exec(load, "UPDATE likes SET post_id = $2 WHERE id = "+pick, post, 1+rng.Int64N(20))
-				default:
-					_, err = pool.Exec(load, "DELETE FROM likes WHERE id = "+pick, post)
-				}
-				if err != nil && load.Err() == nil {
-					failed.Store(err.Error(), true)
-				}
-			}
-		})
-	}
-	last := killTwice(t, env, addr)
-	time.Sleep(500 * time.Millisecond)
-	stop()
-	wg.Wait()
-	failed.Range(func(k, _ any) bool { t.Errorf("the app's write failed: %v", k); return true })
+	last := killTwiceUnderLoad(t, env, addr, func(load context.Context, rng *rand.Rand) error {
+		post := 1 + rng.Int64N(20)
+		pick := "(SELECT id FROM likes WHERE post_id = $1 ORDER BY random() LIMIT 1)"
+		var err error
+		switch k := rng.IntN(10); {
+		case k < 6:
+			_, err = pool.Exec(load, "INSERT INTO likes (post_id) VALUES ($1)", post)
+		case k < 8:
+			_, err = pool.Exec(load, "UPDATE likes SET post_id = $2 WHERE id = "+pick, post, 1+rng.Int64N(20))
+		default:
+			_, err = pool.Exec(load, "DELETE FROM likes WHERE id = "+pick, post)
+		}
+		return err
+	})
 
 	const off = `SELECT count(*) FROM posts p WHERE likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id)`
 	c.settlesExact(off, "posts")
