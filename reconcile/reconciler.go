@@ -153,6 +153,9 @@ type Reconciler struct {
 	// security hid rows; it is queued again once they can be seen. It
 	// belongs to Run's goroutine.
 	backfillHidden bool
+	// backfillDeferred is set when new counters waited for an unfinished
+	// run: their backfill is queued once no run is left unfinished.
+	backfillDeferred bool
 }
 
 // New returns a Reconciler. Its Recorder must be wired into the
@@ -341,7 +344,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			if err := r.queueDirty(ctx); err != nil && ctx.Err() == nil {
 				r.log.Warn("cannot queue the repair of dirty counters", zap.Error(err))
 			}
-			if err := r.runPending(ctx); err != nil && ctx.Err() == nil {
+			err := r.runPending(ctx)
+			if err == nil && r.backfillDeferred && !r.backfillHidden {
+				// The runs that were unfinished at start are done.
+				if err = r.backfill(ctx); err == nil {
+					err = r.runPending(ctx)
+				}
+			}
+			if err != nil && ctx.Err() == nil {
 				if errors.Is(err, failpoint.ErrCrash) {
 					return err
 				}
@@ -503,8 +513,12 @@ func (r *Reconciler) backfill(ctx context.Context) error {
 		return err
 	}
 	if _, ok, err := r.runs.Unfinished(ctx); err != nil || ok {
-		return err // an unfinished run resumes first; backfill next start
+		// An unfinished run resumes first; the backfill is queued once
+		// it is done (Run asks again).
+		r.backfillDeferred = err == nil
+		return err
 	}
+	r.backfillDeferred = false
 	r.log.Info("backfilling new counters", zap.Strings("counters", names))
 	if _, err := r.runs.Create(ctx, state.KindBackfill, names, false, r.opt.BatchSize); err != nil {
 		return err

@@ -173,3 +173,41 @@ WHERE id = $1`, run.ID); err != nil {
 		t.Fatal(err)
 	}
 }
+
+// TestBackfillAfterUnfinishedRun: a counter added while a run is left
+// unfinished (the daemon that queued it stopped first) is backfilled once
+// that run is done, not at some later start: post_live_likes, added to a
+// deployment that kept post_likes alone, counts the likes that predate it.
+func TestBackfillAfterUnfinishedRun(t *testing.T) {
+	t.Parallel()
+	e := newEnvWith(t, severalSchema, func(e *env) { e.cfg = e.loadConfig(severalConfig) })
+	ctx := context.Background()
+	full := e.cfg
+	e.cfg.Counters = full.Counters[:1] // post_likes alone
+	d := e.start()
+	waitRun(t, d, 0)
+	e.exec("INSERT INTO likes (post_id) SELECT 1 + g % 30 FROM generate_series(1, 300) g")
+	e.waitCaughtUp(catchUp)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	// A run the stopped daemon queued and never executed.
+	run, err := state.NewRuns(e.db, e.cfg.Slot).Create(ctx, state.KindManual, []string{"post_likes"}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e.cfg = full
+	d = e.start()
+	e.waitDBRun(t, run.ID)
+	waitFor(t, "post_live_likes backfilled", func() bool {
+		var off int64
+		err := e.db.QueryRow(ctx, `SELECT count(*) FROM posts p
+WHERE live_likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id AND l.deleted_at IS NULL)`).Scan(&off)
+		return err == nil && off == 0
+	})
+	e.assertExact()
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}

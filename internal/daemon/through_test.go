@@ -3,12 +3,14 @@ package daemon
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/reconcile"
 )
 
@@ -154,9 +156,10 @@ func throughLoad(ctx context.Context, t testing.TB, e *env, clients, ops int) {
 }
 
 // TestThroughParent keeps users.karma (votes through posts.creator_id) and
-// communities.comments (comments through posts.community_id) exact: both
-// adopted on live tables with rows that predate walcount (the backfill
-// seeds a via row per post), churn with posts moved, soft-deleted,
+// communities.comments (comments through posts.community_id) exact:
+// user_karma added to a deployment that kept community_comments alone
+// while posts were created (its backfill seeds their via rows), both
+// backfilled on live tables with rows that predate walcount, churn with posts moved, soft-deleted,
 // removed, restored, deleted and re-keyed, a crash right after a flush
 // committed, drift in a via table and in the targets corrected by one
 // reconciliation while the app writes, a user's row held by the app,
@@ -167,8 +170,32 @@ func TestThroughParent(t *testing.T) {
 	e := newEnvWith(t, throughSchema, func(e *env) { e.cfg = e.loadConfig(throughConfig) })
 	ctx := context.Background()
 
+	// community_comments alone first (user_karma added later, as to a
+	// running deployment): the posts created meanwhile get no via row of
+	// user_karma, whose backfill seeds them.
+	full := e.cfg
+	e.cfg.Counters = slices.DeleteFunc(slices.Clone(full.Counters), func(c counter.Counter) bool { return c.Through.Counter == "user_karma" })
+	d := e.start()
+	throughLoad(ctx, t, e, 3, 100)
+	// Posts of then, with votes, that the load never touches again.
+	e.exec("INSERT INTO posts (id, creator_id, community_id) SELECT g, 1 + g % 10, 1 + g % 5 FROM generate_series(200, 215) g")
+	e.exec("INSERT INTO votes (post_id, score) SELECT 200 + g % 16, 1 FROM generate_series(1, 160) g")
+	e.waitCaughtUp(catchUp)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg = full
+
 	// A backfill on live tables, a crash after a commit, more churn.
-	d := e.crashInBackfill(8, func(clients, ops int) { throughLoad(ctx, t, e, clients, ops) })
+	d = e.crashInBackfill(8, func(clients, ops int) { throughLoad(ctx, t, e, clients, ops) })
+	// user_karma's backfill follows the one the first daemon left
+	// unfinished.
+	waitFor(t, "user_karma backfilled", func() bool {
+		var done bool
+		err := e.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM walcount.reconcile_runs WHERE kind = 'backfill' AND status = 'done' AND 'user_karma' = ANY (counters))
+  AND NOT EXISTS (SELECT 1 FROM walcount.reconcile_runs WHERE status IN ('pending', 'running'))`).Scan(&done)
+		return err == nil && done
+	})
 	e.waitBothLevels()
 	e.assertThroughExact("after the backfill, a crash and churn")
 

@@ -336,7 +336,8 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 }
 
 // viaTables creates the via table of each counter through a parent
-// (counter.ViaTableSQL), or leaves it as it is, and returns their names.
+// (counter.ViaTableSQL), or leaves it as it is, gives every parent row a
+// via row of zeros (counter.ViaSeedSQL), and returns their names.
 // A parent key or counter column that does not exist creates none: the
 // preflight gate has refused that configuration already.
 func (s *statements) viaTables(ctx context.Context, q counter.Querier, counters []counter.Counter) (map[string]bool, error) {
@@ -360,7 +361,10 @@ func (s *statements) viaTables(ctx context.Context, q counter.Querier, counters 
 		if !okKey || !okCol {
 			continue
 		}
-		for _, stmt := range counter.ViaTableSQL(c.Through.Counter, key, col) {
+		// A via row for every parent there is, so that the first flushes
+		// find them (a backfill seeds again, for the parents inserted
+		// since, and counts them).
+		for _, stmt := range append(counter.ViaTableSQL(c.Through.Counter, key, col), counter.ViaSeedSQL(c)) {
 			if err := s.exec(ctx, stmt); err != nil {
 				return nil, err
 			}
