@@ -88,7 +88,7 @@ func ViaCounterName(name, role string) string { return name + viaSuffix + role }
 // IsVia reports whether c is one of the three counters of a via table.
 func (c Counter) IsVia() bool { return c.Through != nil && c.Through.Role != "" }
 
-// Expanded reports whether c is a declared counter through a parent that
+// expanded reports whether c is a declared counter through a parent that
 // ExpandThrough has already turned into its level above the via table.
 func (c Counter) expanded() bool {
 	return c.Through != nil && c.Through.Role == "" && c.Source == ViaTable(c.Through.Counter)
