@@ -91,7 +91,7 @@ pg:
 # MATRIX_PKGS and MATRIX_ARGS (extra go test flags), e.g.
 # make test-matrix MATRIX_VERSIONS="14 17" MATRIX_ARGS="-run TestFailover".
 MATRIX_VERSIONS ?= 14 15 16 17 18
-MATRIX_PKGS ?= ./internal/daemon ./cmd/walcount ./internal/setup ./internal/preflight ./slot ./reconcile ./sink ./cdc ./internal/testkit/servers
+MATRIX_PKGS ?= ./app/daemon ./cmd/walcount ./app/setup ./app/preflight ./slot ./reconcile ./sink ./cdc ./internal/testkit/servers
 MATRIX_ARGS ?=
 test-matrix: deps
 	MATRIX_VERSIONS="$(MATRIX_VERSIONS)" MATRIX_PKGS="$(MATRIX_PKGS)" MATRIX_ARGS="$(MATRIX_ARGS)" GO="$(GO)" \
@@ -105,7 +105,7 @@ lint:
 # demo runs walcount against throwaway servers under load and verifies every
 # count; pass flags with DEMO_FLAGS, e.g. make demo DEMO_FLAGS="--duration 1m".
 demo: deps-demo build
-	$(GO) run ./internal/testkit/cmd/demo ./$(BIN) demo $(DEMO_FLAGS)
+	$(GO) run ./cmd/demo ./$(BIN) demo $(DEMO_FLAGS)
 
 # bench measures walcount against the alternatives on this machine (30 to 40
 # minutes on 2 CPUs) and writes bench/results/; QUICK=1 makes it a short run (-quick,

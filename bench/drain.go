@@ -12,9 +12,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/cdc"
-	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/metrics"
 )
 

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/internal/stats"
 )
 

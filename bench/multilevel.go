@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/setup"
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/setup"
 )
 
 // Section 12 (-only multi): a multi-level counter, likes →

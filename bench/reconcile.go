@@ -16,8 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/internal/testkit/servers"
 )
 

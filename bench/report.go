@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 )
 
 // results is everything one run measured; sections that did not run are

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/internal/testkit/servers"
 )
 

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 )
 
 // appConfig is one way of keeping likes_count, as the app sees it.

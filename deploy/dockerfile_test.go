@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 )
 
 // dockerfile is the Dockerfile's instructions, continuation lines joined,

@@ -15,7 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 )
 
 const chart = "helm/walcount"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 )
 
 // systemdAnalyze returns the path of systemd-analyze. A unit that no

@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/counter"
-	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/reconcile"
 )
 

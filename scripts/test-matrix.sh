@@ -21,7 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 GO=${GO:-go}
 read -r -a versions <<<"${MATRIX_VERSIONS:-14 15 16 17 18}"
-read -r -a pkg_patterns <<<"${MATRIX_PKGS:-./internal/daemon ./cmd/walcount ./internal/setup ./internal/preflight ./slot ./reconcile ./sink ./cdc ./internal/testkit/servers}"
+read -r -a pkg_patterns <<<"${MATRIX_PKGS:-./app/daemon ./cmd/walcount ./app/setup ./app/preflight ./slot ./reconcile ./sink ./cdc ./internal/testkit/servers}"
 read -r -a extra_args <<<"${MATRIX_ARGS:-}"
 CACHE=${WALCOUNT_PG_CACHE:-/var/tmp/walcount/postgres}
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/walcount/walcount/internal/preflight"
+	"github.com/walcount/walcount/app/preflight"
 )
 
 func newCheckCmd(g *globalFlags) *cobra.Command {

@@ -8,8 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/demo"
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/demo"
 )
 
 // demoLogLevel keeps the daemon quiet under the live view unless

@@ -10,9 +10,9 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/buffer"
-	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/preflight"
 )
 
 // Exit codes (docs/design.md §6), as README.md states them for scripts.

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 

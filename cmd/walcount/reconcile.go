@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )

@@ -16,10 +16,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/daemon"
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/daemon"
+	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/httpapi"
-	"github.com/walcount/walcount/internal/setup"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"

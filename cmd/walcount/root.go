@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
 
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/internal/buildinfo"
-	"github.com/walcount/walcount/internal/config"
 )
 
 // globalFlags are the settings every command shares (docs/design.md §6):

@@ -9,12 +9,12 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/daemon"
+	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/internal/buildinfo"
-	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/daemon"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/metrics"
-	"github.com/walcount/walcount/internal/preflight"
 )
 
 // httpCloseTimeout bounds the HTTP server's shutdown after the daemon stopped.

@@ -3,7 +3,7 @@ package main
 import (
 	"go.uber.org/zap"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
 )
 
 // applyCPUScheduling puts walcount run's threads under the scheduling

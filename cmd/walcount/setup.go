@@ -10,11 +10,11 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/walcount/walcount/internal/config"
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/connerr"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
-	"github.com/walcount/walcount/internal/setup"
 )
 
 func connectPG(ctx context.Context, cfg config.Config) (*pgx.Conn, error) {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/internal/config"
-	"github.com/walcount/walcount/internal/setup"
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )

@@ -13,8 +13,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/buffer"
-	"github.com/walcount/walcount/internal/config"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/slot"

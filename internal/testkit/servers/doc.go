@@ -2,7 +2,7 @@
 // processes on the loopback interface. It is part of the test kit
 // (internal/testkit): for walcount's own tests, demo and bench; not a
 // stable API. The tests use it through internal/testkit/testenv, and make
-// demo through internal/testkit/cmd/demo.
+// demo through cmd/demo.
 //
 // # PostgreSQL
 //

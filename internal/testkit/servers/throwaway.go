@@ -9,7 +9,7 @@ import (
 // Throwaway returns a function that starts a PostgreSQL (with settings on
 // top of the defaults) and a Redis, and gives their URLs and what stops
 // both: the shape of demo.Options.Servers, for make demo's entry point
-// (internal/testkit/cmd/demo) and the demo's tests. logger receives the
+// (cmd/demo) and the demo's tests. logger receives the
 // servers' logs; nil means none.
 func Throwaway(logger *zap.Logger) func(ctx context.Context, settings map[string]string) (dbURL, redisURL string, stop func(), err error) {
 	return func(ctx context.Context, settings map[string]string) (string, string, func(), error) {

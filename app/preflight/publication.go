@@ -1,0 +1,266 @@
+package preflight
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/walcount/walcount/app/publication"
+	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/counter"
+)
+
+// checkPublication checks that the publication exists, publishes every
+// operation walcount needs (TRUNCATE included: it is a barrier, design rule
+// 10) and includes every source table with all its rows and the columns
+// the counters read, and every target with its key (design rule 17). What
+// it should hold is package publication's layout, which setup creates.
+func (r *run) checkPublication() error {
+	pub := r.ident(r.cfg.Publication)
+	layout, unusable, err := publication.Layout(r.version, r.cfg.Counters, func(name string) (*counter.Table, error) {
+		t, err := r.lookupTable(name)
+		if err != nil {
+			return nil, err
+		}
+		return t.Table, nil
+	})
+	if err != nil {
+		return r.queryFailed(CheckPublication, "tables of the counters", err)
+	}
+	for _, t := range unusable {
+		sql := r.qualified(t.Schema, t.Name)
+		if why := publication.Unpublishable(r.version, t); why != "" {
+			r.problem(CheckReplicaIdentity,
+				fmt.Sprintf("%s cannot be in walcount's publication: %s", sql, why),
+				fmt.Sprintf("give %s a primary key (or a unique index) holding the columns the counters read, then ALTER TABLE %s REPLICA IDENTITY DEFAULT; (or USING INDEX ...); or make the generated column STORED", sql, sql))
+			continue
+		}
+		r.problem(CheckTargetIdentity,
+			fmt.Sprintf("target %s has no replica identity (REPLICA IDENTITY %s without a usable key): walcount publishes its key to follow its deletes and key changes, and PostgreSQL would then refuse every UPDATE and DELETE on it",
+				sql, identityName(t.ReplIdent)),
+			fmt.Sprintf("ALTER TABLE %s ADD PRIMARY KEY (...); or ALTER TABLE %s REPLICA IDENTITY FULL;", sql, sql))
+	}
+	listed := make([]string, len(layout))
+	var sourceNames []string
+	for i, t := range layout {
+		listed[i] = r.pubEntry(t)
+		if t.Source {
+			sourceNames = append(sourceNames, r.qualified(t.Schema, t.Name))
+		}
+	}
+
+	var ins, upd, del, trunc, viaRoot bool
+	err = r.conn.QueryRow(r.ctx, `
+SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
+FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &del, &trunc, &viaRoot)
+	if errNoRows(err) {
+		fix := "walcount setup"
+		if len(listed) > 0 {
+			fix = fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout))
+		}
+		r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
+		return nil
+	}
+	if err != nil {
+		return r.queryFailed(CheckPublication, "publication "+r.cfg.Publication, err)
+	}
+
+	ok := true
+	var ops []string
+	for _, o := range []struct {
+		on   bool
+		name string
+	}{{ins, "insert"}, {upd, "update"}, {del, "delete"}, {trunc, "truncate"}} {
+		if !o.on {
+			ops = append(ops, o.name)
+		}
+	}
+	if len(ops) > 0 {
+		ok = false
+		r.setupProblem(CheckPublication,
+			fmt.Sprintf("publication %s does not publish %s: those changes would never be counted", r.cfg.Publication, strings.Join(ops, ", ")),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');", pub))
+	}
+
+	if publication.Generated(r.version, layout) {
+		var gencols string
+		if err := r.conn.QueryRow(r.ctx, `SELECT pubgencols::text FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&gencols); err != nil {
+			return r.queryFailed(CheckPublication, "publication "+r.cfg.Publication, err)
+		}
+		if gencols != "s" {
+			ok = false
+			var held []string
+			for _, t := range layout {
+				if stored, _ := t.GeneratedInIdentity(); t.Columns == nil && len(stored) > 0 {
+					held = append(held, fmt.Sprintf("%s (%s)", r.qualified(t.Schema, t.Name), strings.Join(stored, ", ")))
+				}
+			}
+			r.setupProblem(CheckPublication,
+				fmt.Sprintf("publication %s does not publish generated columns, and the replica identity of %s holds one: PostgreSQL %d refuses every UPDATE and DELETE of such a table while it is published (SQLSTATE 42P10)",
+					r.cfg.Publication, strings.Join(held, ", "), r.version.Major()),
+				fmt.Sprintf("ALTER PUBLICATION %s SET (publish_generated_columns = stored);", pub))
+		}
+	}
+
+	// pg_publication_tables resolves FOR ALL TABLES and FOR TABLES IN
+	// SCHEMA; from PostgreSQL 15 on it also shows column lists (attnames
+	// lists every column when there is none) and row filters.
+	published := map[string]pubTable{}
+	query := `SELECT schemaname::text, tablename::text, NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1`
+	if r.version.PublicationColumnLists() {
+		query = `SELECT schemaname::text, tablename::text, attnames::text[], rowfilter FROM pg_publication_tables WHERE pubname = $1`
+	}
+	rows, err := r.conn.Query(r.ctx, query, r.cfg.Publication)
+	if err != nil {
+		return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
+	}
+	for rows.Next() {
+		var schema, name string
+		var p pubTable
+		if err := rows.Scan(&schema, &name, &p.columns, &p.rowFilter); err != nil {
+			rows.Close()
+			return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
+		}
+		published[schema+"\x00"+name] = p
+	}
+	if err := rows.Err(); err != nil {
+		return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
+	}
+
+	if publication.ViaRoot(layout) && !viaRoot {
+		// Without it pgoutput names each change by its partition, which
+		// matches no counter.
+		ok = false
+		var parts []string
+		for _, t := range layout {
+			if t.Kind == "p" {
+				parts = append(parts, r.qualified(t.Schema, t.Name))
+			}
+		}
+		r.setupProblem(CheckPublication,
+			fmt.Sprintf("%s is partitioned but publication %s does not publish via the partition root", strings.Join(parts, ", "), r.cfg.Publication),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
+	}
+	for _, t := range layout {
+		sql := r.qualified(t.Schema, t.Name)
+		p, found := published[t.Schema+"\x00"+t.Name]
+		if t.Kind == "p" && !viaRoot {
+			// Reported above: without publish_via_partition_root the
+			// publication lists the partitions, not the table.
+			continue
+		}
+		if !found {
+			ok = false
+			msg := fmt.Sprintf("publication %s does not include %s", r.cfg.Publication, sql)
+			switch {
+			case t.Messages:
+				msg += ": walcount's flush markers, reconciliation markers and corrections travel as its rows, and walcount would wait for them forever (run walcount setup, which creates the table in state schema version 3 and adds it)"
+			case !t.Source:
+				msg = fmt.Sprintf("publication %s does not include the target %s", r.cfg.Publication, sql)
+			}
+			r.setupProblem(CheckPublication, msg, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t)))
+			continue
+		}
+		readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[3]s;", pub, sql, r.pubEntry(t))
+		if p.rowFilter != nil {
+			ok = false
+			r.setupProblem(CheckPublication,
+				fmt.Sprintf("publication %s filters the rows of %s (WHERE %s): walcount must see every row; put filters in the counter's where", r.cfg.Publication, sql, *p.rowFilter),
+				readd)
+		}
+		if p.columns != nil {
+			var need []string
+			if t.Source {
+				need = readColumns(r.cfg.Counters, &table{Table: t.Table})
+			}
+			for _, c := range r.cfg.Counters {
+				if ts, tn := counter.SplitTable(c.Target); t.Target && ts == t.Schema && tn == t.Name && !slices.Contains(need, c.TargetKey) {
+					need = append(need, c.TargetKey)
+				}
+			}
+			var missing []string
+			for _, col := range need {
+				if _, exists := t.Table.Columns[col]; !exists {
+					continue // a problem of the configuration, reported by checkColumns
+				}
+				if !slices.Contains(p.columns, col) {
+					missing = append(missing, r.ident(col))
+				}
+			}
+			if len(missing) > 0 {
+				ok = false
+				r.setupProblem(CheckPublication,
+					fmt.Sprintf("publication %s leaves out column %s of %s", r.cfg.Publication, strings.Join(missing, ", "), sql),
+					readd)
+			}
+		}
+	}
+
+	if ok {
+		msg := fmt.Sprintf("publication %s publishes insert, update, delete and truncate of %s", r.cfg.Publication, strings.Join(sourceNames, ", "))
+		var targets []string
+		for i, t := range layout {
+			if !t.Source && !t.Messages {
+				targets = append(targets, listed[i])
+			}
+		}
+		if len(targets) > 0 {
+			msg += ", and follows the targets " + strings.Join(targets, ", ")
+		}
+		msg += "; walcount's own messages come as rows of " + cdc.MessageTable
+		r.ok(CheckPublication, msg)
+	}
+	return nil
+}
+
+// pubEntry renders a table of the publication's layout for a fix: its
+// name and column list, quoted as the server would.
+func (r *run) pubEntry(t publication.Table) string {
+	s := r.qualified(t.Schema, t.Name)
+	if t.Columns != nil {
+		cols := make([]string, len(t.Columns))
+		for i, c := range t.Columns {
+			cols[i] = r.ident(c)
+		}
+		s += " (" + strings.Join(cols, ", ") + ")"
+	}
+	return s
+}
+
+// identityName spells pg_class.relreplident as ALTER TABLE does.
+func identityName(replident string) string {
+	switch replident {
+	case "d":
+		return "DEFAULT"
+	case "f":
+		return "FULL"
+	case "i":
+		return "USING INDEX"
+	}
+	return "NOTHING"
+}
+
+// pubTable is one row of pg_publication_tables.
+type pubTable struct {
+	columns   []string // nil before PostgreSQL 15
+	rowFilter *string
+}
+
+// readColumns returns the source columns that the counters on t read.
+func readColumns(counters []counter.Counter, t *table) []string {
+	var cols []string
+	add := func(c string) {
+		if c != "" && !slices.Contains(cols, c) {
+			cols = append(cols, c)
+		}
+	}
+	for _, c := range counters {
+		if s, n := counter.SplitTable(c.Source); s != t.Schema || n != t.Name {
+			continue
+		}
+		for _, col := range c.ReadColumnsOf(t.Table) {
+			add(col)
+		}
+	}
+	return cols
+}

@@ -1,0 +1,188 @@
+package preflight
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/slot"
+	"github.com/walcount/walcount/state"
+)
+
+// slotInfo is walcount's row of pg_replication_slots.
+type slotInfo struct {
+	plugin, slotType string
+	database         *string
+	active           bool
+	restartLSN       *string
+	confirmedLSN     *string
+	walStatus        *string
+	inactiveSince    *time.Time // PostgreSQL 17+
+	failover         bool       // PostgreSQL 17+
+}
+
+// lookupSlot reads the slot into r.slot (nil when it does not exist).
+func (r *run) lookupSlot() error {
+	i, err := slot.ReadInfo(r.ctx, r.slotConn, r.version, r.cfg.Slot)
+	if err != nil {
+		return r.queryFailed(CheckSlot, "slot "+r.cfg.Slot, err)
+	}
+	if i != nil {
+		r.slot = &slotInfo{plugin: i.Plugin, slotType: i.Type, database: i.Database, active: i.Active,
+			restartLSN: i.RestartLSN, confirmedLSN: i.ConfirmedLSN, walStatus: i.WALStatus,
+			inactiveSince: i.InactiveSince, failover: i.Failover}
+	}
+	return nil
+}
+
+// checkSlot checks design rule 12 ahead of time: the slot must exist,
+// decode with pgoutput in this database, and still hold its WAL.
+func (r *run) checkSlot() error {
+	s := r.slot
+	name := r.cfg.Slot
+	recreate := "walcount setup --recreate-slot (walcount run then repairs every counter by itself)"
+	// With on_slot_loss: recreate, a slot that walcount had (its
+	// checkpoint is there) and lost is what run repairs by itself, at
+	// start as while running: a restart after a failover to a server
+	// without the slot must not wait for an operator.
+	selfRepair := r.cfg.OnSlotLoss == config.SlotLossRecreate && r.hasCheckpoint()
+	const repairs = "on_slot_loss is recreate: walcount run creates it anew, marks every counter dirty and repairs it"
+	switch {
+	case s == nil && selfRepair:
+		r.warn(CheckSlot, fmt.Sprintf("replication slot %s does not exist (dropped, or this server was promoted without it); %s", name, repairs),
+			"nothing, or walcount setup --recreate-slot to do it now")
+		return nil
+	case s == nil:
+		r.setupProblem(CheckSlot, fmt.Sprintf("replication slot %s does not exist", name), "walcount setup")
+		return nil
+	case s.slotType != "logical":
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s is a %s slot, not a logical one", name, s.slotType),
+			"choose another --slot, or drop this one if nothing uses it and run walcount setup")
+		return nil
+	case s.database == nil || *s.database != r.database:
+		db := "<none>"
+		if s.database != nil {
+			db = *s.database
+		}
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s belongs to database %s, not %s", name, db, r.database),
+			"choose another --slot, or point --database-url at database "+db)
+		return nil
+	case s.plugin != "pgoutput":
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s uses plugin %s, not pgoutput", name, s.plugin), recreate)
+		return nil
+	case (s.walStatus != nil && *s.walStatus == "lost" || s.restartLSN == nil) && selfRepair:
+		r.warn(CheckSlot, fmt.Sprintf("replication slot %s is lost: the WAL it needs was removed; %s", name, repairs),
+			"nothing, or walcount setup --recreate-slot to do it now")
+		return nil
+	case s.walStatus != nil && *s.walStatus == "lost" || s.restartLSN == nil:
+		r.problem(CheckSlot,
+			fmt.Sprintf("replication slot %s is lost: the WAL it needs was removed, so changes since its position are gone", name),
+			recreate)
+		return nil
+	case s.walStatus != nil && *s.walStatus == "unreserved":
+		r.warn(CheckSlot,
+			fmt.Sprintf("replication slot %s is unreserved: it is past max_slot_wal_keep_size and will be lost at the next checkpoint unless walcount catches up at once", name),
+			"start walcount now, or raise max_slot_wal_keep_size: ALTER SYSTEM SET max_slot_wal_keep_size = '100GB'; SELECT pg_reload_conf();")
+		return nil
+	}
+	state := "inactive"
+	if s.active {
+		state = "active"
+	}
+	status := "unknown"
+	if s.walStatus != nil {
+		status = *s.walStatus
+	}
+	r.ok(CheckSlot, fmt.Sprintf("replication slot %s: pgoutput, %s, wal_status %s", name, state, status))
+	return nil
+}
+
+// hasCheckpoint reports whether walcount's state holds a checkpoint for
+// the slot: walcount was set up for it.
+func (r *run) hasCheckpoint() bool {
+	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
+		return false
+	}
+	_, err := state.ReadCheckpoint(r.ctx, r.conn, r.cfg.Slot)
+	return err == nil
+}
+
+// checkCheckpoint checks walcount's checkpoint table (design rule 1):
+// that it exists, that the role may read and move it, and that it has this
+// slot's row. A row behind the slot's confirmed position means changes in
+// between were acknowledged without being counted.
+func (r *run) checkCheckpoint() error {
+	access, err := state.StateAccess(r.ctx, r.conn)
+	if err != nil {
+		return r.queryFailed(CheckCheckpoint, "walcount's state tables", err)
+	}
+	if !access.Exists {
+		r.setupProblem(CheckCheckpoint, "table walcount.checkpoint does not exist", "walcount setup")
+		return nil
+	}
+	if !access.Usage || len(access.Missing) > 0 {
+		msg := fmt.Sprintf("role %s may not use walcount's state: it lacks USAGE on schema walcount", r.user)
+		if access.Usage {
+			msg = fmt.Sprintf("role %s may not use walcount's state: it lacks %s", r.user, strings.Join(access.Missing, "; "))
+		}
+		r.problem(CheckCheckpoint, msg, state.AccessGrants(r.ident(r.user)))
+		return nil
+	}
+
+	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
+		if errors.Is(err, state.ErrSchemaVersion) && strings.Contains(err.Error(), "newer") {
+			r.problem(CheckCheckpoint, err.Error(), "upgrade walcount")
+		} else {
+			r.setupProblem(CheckCheckpoint, err.Error(), "walcount setup")
+		}
+		return nil
+	}
+	w, err := state.ReadCheckpoint(r.ctx, r.conn, r.cfg.Slot)
+	if errors.Is(err, state.ErrNoCheckpoint) {
+		r.setupProblem(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint has no row for slot %s", r.cfg.Slot), "walcount setup")
+		return nil
+	}
+	if err != nil {
+		return r.queryFailed(CheckCheckpoint, "walcount.checkpoint", err)
+	}
+	lsnText := w.String()
+	if r.slot != nil && r.slot.confirmedLSN != nil {
+		c, errC := pglogrepl.ParseLSN(*r.slot.confirmedLSN)
+		if errC == nil && w < c {
+			r.warn(CheckCheckpoint,
+				fmt.Sprintf("checkpoint %s of slot %s is behind the slot's confirmed position %s: if the slot was advanced by hand, changes in between were never counted (walcount itself confirms past its checkpoint only to let PostgreSQL shut down while nothing was streaming, which loses nothing)", w, r.cfg.Slot, c),
+				"nothing: walcount run tells the two cases apart at start, and in the first marks every counter dirty and repairs it")
+			return nil
+		}
+	}
+	r.ok(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint of slot %s is at %s", r.cfg.Slot, lsnText))
+	return nil
+}
+
+// checkOwnership checks that this slot keeps the counters' columns and no
+// other slot does (design rule 15): two deployments on one column count
+// every change twice.
+func (r *run) checkOwnership() error {
+	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
+		return nil // reported by checkCheckpoint
+	}
+	err := state.CheckOwnership(r.ctx, r.conn, r.cfg.Slot, r.cfg.Counters)
+	var owned *state.OwnedError
+	switch {
+	case err == nil:
+		r.ok(CheckOwnership, fmt.Sprintf("slot %s keeps the counter columns", r.cfg.Slot))
+	case errors.As(err, &owned):
+		r.problem(CheckOwnership, fmt.Sprintf("%s.%s is kept by slot %s: a second slot on it would count every change twice", owned.Table, owned.Column, owned.Owner),
+			fmt.Sprintf("keep one deployment per column: to move it, stop the walcount of slot %s and run walcount teardown --slot %s (which releases its columns), then walcount setup",
+				owned.Owner, owned.Owner))
+	case errors.Is(err, state.ErrNotClaimed):
+		r.setupProblem(CheckOwnership, err.Error(), "walcount setup")
+	default:
+		return r.queryFailed(CheckOwnership, "the owners of the counter columns", err)
+	}
+	return nil
+}
