@@ -1,0 +1,203 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/state"
+)
+
+// dataError is a chunk's statement failing on a row's data.
+type dataError struct {
+	counter, chunk string
+	err            error
+}
+
+func (e *dataError) Error() string {
+	return fmt.Sprintf("update counter %s (chunk %s): %v", e.counter, e.chunk, e.err)
+}
+func (e *dataError) Unwrap() error { return e.err }
+
+// isDataError reports whether err is an error of one row's data or
+// privileges, which parks the row's key instead of failing the flush:
+// SQLSTATE classes 22 (data exception), 23 (integrity constraint
+// violation: a CHECK), P0 (PL/pgSQL: a trigger that raises) and 42501
+// (insufficient privilege: a row-level security policy's WITH CHECK).
+func isDataError(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "P0") || pe.Code == "42501"
+}
+
+// isLockTimeout reports whether err is lock_timeout's.
+func isLockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
+// IsTransient reports whether a flush failed on a wait walcount bounds
+// itself (lock_timeout on a table lock, statement_timeout): nothing was
+// applied, and the next flush tries again.
+func IsTransient(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "57014")
+}
+
+// chunk runs the flush statement on one chunk of keys and sorts its keys
+// into out: applied, without a row (missed), deferred (their row is
+// locked by another transaction) or parked. In careful mode the chunk runs
+// in a savepoint, and a data error splits it in halves until the failing
+// keys are alone; outside it, a data error fails the transaction with a
+// *dataError naming the chunk. It returns the keys applied and dropped.
+func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []string, deltas []int64, careful bool, id string, out *outcome) (flushed, dropped int64, err error) {
+	name := b.t.Counter.Name
+	creates := b.t.Counter.CreateMissing
+	// A create_missing chunk runs in a savepoint too: its INSERT waits
+	// for an app transaction inserting the same key (no SKIP LOCKED for a
+	// unique index), up to lock_timeout; the chunk is then split until
+	// that key is alone, and the key is carried like a locked row.
+	guarded := careful || creates
+	if guarded {
+		if _, err := tx.Exec(ctx, "SAVEPOINT walcount_chunk"); err != nil {
+			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
+		}
+	}
+	type notHit struct {
+		key             string
+		present, locked bool
+		// created: a create_missing counter's statement created the
+		// key's row (counter.createFlush).
+		created bool
+	}
+	rows, err := tx.Query(ctx, b.t.Flush, append([]any{keys, deltas}, b.t.FlushArgs...)...)
+	var res []notHit
+	if err == nil {
+		res, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (notHit, error) {
+			var n notHit
+			if creates {
+				return n, row.Scan(&n.key, &n.present, &n.locked, &n.created)
+			}
+			err := row.Scan(&n.key, &n.present, &n.locked)
+			return n, err
+		})
+	}
+	if err != nil && creates && isLockTimeout(err) {
+		for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
+			if _, rerr := tx.Exec(ctx, q); rerr != nil {
+				return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", name, rerr, err)
+			}
+		}
+		if len(keys) == 1 {
+			c := state.Carried{Counter: name, Key: keys[0], Delta: deltas[0]}
+			if p, ok := f.prior[counter.Field(name, keys[0])]; ok {
+				c.Since = p.Since
+			}
+			out.carry = append(out.carry, c)
+			return 0, 0, nil
+		}
+		mid := len(keys) / 2
+		n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], careful, id, out)
+		if err != nil {
+			return 0, 0, err
+		}
+		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], careful, id, out)
+		return n1 + n2, d1 + d2, err
+	}
+	if err != nil {
+		if !isDataError(err) {
+			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
+		}
+		if !careful {
+			return 0, 0, &dataError{counter: name, chunk: id, err: err}
+		}
+		for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
+			if _, rerr := tx.Exec(ctx, q); rerr != nil {
+				return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", name, rerr, err)
+			}
+		}
+		if len(keys) == 1 {
+			f.park(b, keys[0], deltas[0], errorText(err), out)
+			return 0, 0, nil
+		}
+		mid := len(keys) / 2
+		n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], true, id, out)
+		if err != nil {
+			return 0, 0, err
+		}
+		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], true, id, out)
+		return n1 + n2, d1 + d2, err
+	}
+	if guarded {
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT walcount_chunk"); err != nil {
+			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
+		}
+	}
+	skipped := make(map[string]notHit, len(res))
+	for _, n := range res {
+		skipped[n.key] = n
+	}
+	for i, k := range keys {
+		field := counter.Field(name, k)
+		n, ok := skipped[k]
+		switch {
+		case !ok:
+			out.applied[field] = deltas[i]
+			flushed++
+		case n.created:
+			out.applied[field] = deltas[i]
+			flushed++
+			out.created = append(out.created, createdKey{counter: name, key: k, delta: deltas[i]})
+		case n.locked:
+			// Locked by this statement and not updated: a BEFORE UPDATE
+			// trigger returned NULL for the row.
+			f.park(b, k, deltas[i], "the row's UPDATE was skipped (a BEFORE UPDATE trigger returned NULL)", out)
+		case n.present:
+			// Another transaction holds the row: carried to the next
+			// flush.
+			c := state.Carried{Counter: name, Key: k, Delta: deltas[i]}
+			if p, ok := f.prior[field]; ok {
+				c.Since = p.Since
+			}
+			out.carry = append(out.carry, c)
+		default:
+			if out.missed == nil {
+				out.missed = map[string]bool{}
+			}
+			out.missed[field] = true
+			out.applied[field] = deltas[i]
+			dropped++
+		}
+	}
+	return flushed, dropped, nil
+}
+
+// errorText is a data error as a parked key records it.
+func errorText(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
+	}
+	return err.Error()
+}
+
+// park keeps a key whose UPDATE failed on its row's data in
+// walcount.carried, to be tried again after ParkRetry.
+func (f *Flusher) park(b *attemptBatch, key string, delta int64, msg string, out *outcome) {
+	name := b.t.Counter.Name
+	field := counter.Field(name, key)
+	c := state.Carried{Counter: name, Key: key, Delta: delta, Parked: msg}
+	p, was := f.prior[field]
+	if was {
+		c.Since = p.Since
+	}
+	out.carry = append(out.carry, c)
+	out.parked = append(out.parked, parkedKey{counter: name, key: key, delta: delta, err: msg, newly: !was || p.Parked == ""})
+}
