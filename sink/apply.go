@@ -2,8 +2,8 @@ package sink
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -33,21 +33,13 @@ import (
 // subtransaction that writes takes an XID, and more than 64 of them in
 // one transaction would slow every snapshot of the database.
 func (f *Flusher) apply(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move, resets []*counter.Resolved, bail bool) (bool, error) {
-	suspects := map[string]bool{}
-	var replay []int
-	for {
-		var sizes []int
-		applied, err := f.applyOnce(ctx, from, upto, fields, moves, resets, suspects, bail, replay, &sizes)
-		replay = sizes
-		var de *dataError
-		if errors.As(err, &de) && !suspects[de.chunk] {
-			f.log.Warn("a flush chunk failed on a row's data; applying it again key by key to isolate the row",
-				zap.String("counter", de.counter), zap.String("chunk", de.chunk), zap.Error(de.err))
-			suspects[de.chunk] = true
-			continue
-		}
-		return applied, err
-	}
+	var applied bool
+	err := f.isolate(func(suspects map[string]bool, replay []int, sizes *[]int) error {
+		var err error
+		applied, err = f.applyOnce(ctx, from, upto, fields, moves, resets, suspects, bail, replay, sizes)
+		return err
+	})
+	return applied, err
 }
 
 // outcome is what one flush transaction did with its keys.
@@ -69,6 +61,21 @@ type outcome struct {
 	created []createdKey
 }
 
+// add takes in what another page of the same piece did with its keys
+// (what it carried, the page wrote itself).
+func (o *outcome) add(p *outcome) {
+	maps.Copy(o.applied, p.applied)
+	for k := range p.missed {
+		if o.missed == nil {
+			o.missed = map[string]bool{}
+		}
+		o.missed[k] = true
+	}
+	o.parked = append(o.parked, p.parked...)
+	o.created = append(o.created, p.created...)
+	o.counts = append(o.counts, p.counts...)
+}
+
 type createdKey struct {
 	counter, key string
 	delta        int64
@@ -88,6 +95,7 @@ type parkedKey struct {
 	newly        bool
 }
 
+// applyOnce is one try of apply.
 func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[string]int64, moves []counter.Move,
 	resets []*counter.Resolved, suspects map[string]bool, bail bool, replay []int, sizes *[]int) (bool, error) {
 	tx, err := f.begin(ctx, f.opt.StatementTimeout)
@@ -105,40 +113,9 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 		_ = tx.Rollback(ctx)
 		return false, f.alreadyApplied(ctx, from, upto)
 	}
-	if len(resets) > 0 {
-		names := make([]string, len(resets))
-		for i, t := range resets {
-			names[i] = t.Counter.Name
-		}
-		// The carried deltas of a truncated counter are of rows counted
-		// before the TRUNCATE.
-		if err := state.DropCarried(ctx, tx, f.opt.Slot, names); err != nil {
-			return false, err
-		}
-	}
-	var held []state.Carried
-	for _, t := range resets {
-		rows, err := tx.Query(ctx, t.Reset)
-		if err != nil {
-			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
-		}
-		// A row another transaction holds keeps its column: its reset is
-		// carried, as the delta that takes the column to 0.
-		err = func() error {
-			defer rows.Close()
-			for rows.Next() {
-				c := state.Carried{Counter: t.Counter.Name, Due: true}
-				if err := rows.Scan(&c.Key, &c.Delta); err != nil {
-					return err
-				}
-				c.Delta = -c.Delta
-				held = append(held, c)
-			}
-			return rows.Err()
-		}()
-		if err != nil {
-			return false, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
-		}
+	held, err := f.reset(ctx, tx, resets)
+	if err != nil {
+		return false, err
 	}
 	prior, err := state.LoadCarried(ctx, tx, f.opt.Slot)
 	if err != nil {
@@ -153,53 +130,17 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 	if err := f.awaitVisible(ctx, tx, batches); err != nil {
 		return false, err
 	}
-	// Statements sized by their pace (see pacer); once the transaction has
-	// updated rows for TransactionTime with keys still to go, a flush
-	// that may (bail) gives up, which frees its row locks at once, and
-	// the batch is applied in pieces instead (errSlowFlush).
-	var updating time.Time
-	last := 0
-	for _, b := range batches {
-		var flushed, dropped int64
-		for lo := 0; lo < len(b.keys); {
-			var step int
-			if n := len(*sizes); n < len(replay) {
-				step = replay[n] // a retry cuts the chunks as its first try did
-			} else {
-				var elapsed time.Duration
-				if !updating.IsZero() {
-					elapsed = time.Since(updating)
-				}
-				var ok bool
-				if step, ok = f.pace.size(f.opt.TransactionTime, elapsed, last, f.opt.ChunkSize); !ok {
-					if bail {
-						return false, errSlowFlush
-					}
-					step, _ = f.pace.size(f.opt.TransactionTime, 0, last, f.opt.ChunkSize)
-				}
-			}
-			*sizes = append(*sizes, step)
-			hi := min(lo+step, len(b.keys))
-			chunk := fmt.Sprintf("%s/%d", b.t.Counter.Name, lo)
-			if b.careful {
-				chunk += "/retry"
-			}
-			careful := b.careful || suspects[chunk]
-			began := time.Now()
-			if updating.IsZero() {
-				updating = began
-			}
-			n, d, err := f.chunk(ctx, tx, b, b.keys[lo:hi], b.deltas[lo:hi], careful, chunk, out)
-			if err != nil {
-				return false, err
-			}
-			f.pace.learn(hi-lo, time.Since(began))
-			last = hi - lo
-			flushed += n
-			dropped += d
-			lo = hi
-		}
-		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
+	// Statements sized by their pace (see statements); once the
+	// transaction has updated rows for TransactionTime with keys still to
+	// go, a flush that may (bail) gives up, which frees its row locks at
+	// once, and the batch is applied in pieces instead (errSlowFlush).
+	st := &statements{pace: &f.pace, budget: f.opt.TransactionTime, overrun: !bail, replay: replay, sizes: sizes}
+	spent, err := f.applyChunks(ctx, tx, batches, suspects, st, out)
+	if err != nil {
+		return false, err
+	}
+	if spent {
+		return false, errSlowFlush
 	}
 	if err := f.carry(ctx, tx, out, loaded); err != nil {
 		return false, err
@@ -231,6 +172,88 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 	}
 	f.committedCarry(out)
 	return true, nil
+}
+
+// reset runs the resets of a TRUNCATE barrier and returns, as carried
+// deltas, those of the rows another transaction holds.
+func (f *Flusher) reset(ctx context.Context, tx pgx.Tx, resets []*counter.Resolved) ([]state.Carried, error) {
+	if len(resets) > 0 {
+		names := make([]string, len(resets))
+		for i, t := range resets {
+			names[i] = t.Counter.Name
+		}
+		// The carried deltas of a truncated counter are of rows counted
+		// before the TRUNCATE.
+		if err := state.DropCarried(ctx, tx, f.opt.Slot, names); err != nil {
+			return nil, err
+		}
+	}
+	var held []state.Carried
+	for _, t := range resets {
+		rows, err := tx.Query(ctx, t.Reset)
+		if err != nil {
+			return nil, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
+		}
+		// A row another transaction holds keeps its column: its reset is
+		// carried, as the delta that takes the column to 0.
+		err = func() error {
+			defer rows.Close()
+			for rows.Next() {
+				c := state.Carried{Counter: t.Counter.Name, Due: true}
+				if err := rows.Scan(&c.Key, &c.Delta); err != nil {
+					return err
+				}
+				c.Delta = -c.Delta
+				held = append(held, c)
+			}
+			return rows.Err()
+		}()
+		if err != nil {
+			return nil, fmt.Errorf("reset counter %s: %w", t.Counter.Name, err)
+		}
+	}
+	return held, nil
+}
+
+// applyChunks runs the batches' statements chunk by chunk, each chunk
+// sized by st, and counts into out what each counter's chunks applied
+// and dropped. It reports whether st's budget ran out with keys to go.
+func (f *Flusher) applyChunks(ctx context.Context, tx pgx.Tx, batches []*attemptBatch, suspects map[string]bool, st *statements, out *outcome) (bool, error) {
+	i, lo := 0, 0 // the next chunk starts at batches[i].keys[lo]
+	var flushed, dropped int64
+	// ended counts the batches whose keys have all run.
+	ended := func() {
+		for i < len(batches) && lo >= len(batches[i].keys) {
+			b := batches[i]
+			out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
+			i, lo, flushed, dropped = i+1, 0, 0, 0
+		}
+	}
+	ended()
+	return st.run(func() int {
+		if i == len(batches) {
+			return 0
+		}
+		return f.opt.ChunkSize
+	}, func(n int) (int, bool, error) {
+		b := batches[i]
+		hi := min(lo+n, len(b.keys))
+		chunk := fmt.Sprintf("%s/%d", b.t.Counter.Name, lo)
+		if b.careful {
+			chunk += "/retry"
+		}
+		st.locking()
+		nf, nd, err := f.chunk(ctx, tx, b, b.keys[lo:hi], b.deltas[lo:hi], b.careful || suspects[chunk], chunk, out)
+		if err != nil {
+			return 0, false, err
+		}
+		flushed += nf
+		dropped += nd
+		took := hi - lo
+		lo = hi
+		ended()
+		return took, i < len(batches), nil
+	})
 }
 
 // Bounds of awaitVisible.

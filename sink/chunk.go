@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/state"
@@ -23,6 +24,30 @@ func (e *dataError) Error() string {
 	return fmt.Sprintf("update counter %s (chunk %s): %v", e.counter, e.chunk, e.err)
 }
 func (e *dataError) Unwrap() error { return e.err }
+
+// isolate runs try, one try of a flush transaction, until it ends
+// without a data error in a chunk it has not isolated yet: each chunk that
+// failed on a row's data becomes a suspect, which the next try runs in a
+// savepoint, split in halves until the keys that fail are alone (see
+// chunk). Each try gets the statement sizes of the try before (replay, see
+// statements) and records its own in sizes.
+func (f *Flusher) isolate(try func(suspects map[string]bool, replay []int, sizes *[]int) error) error {
+	suspects := map[string]bool{}
+	var replay []int
+	for {
+		var sizes []int
+		err := try(suspects, replay, &sizes)
+		replay = sizes
+		var de *dataError
+		if errors.As(err, &de) && !suspects[de.chunk] {
+			f.log.Warn("a flush chunk failed on a row's data; applying it again key by key to isolate the row",
+				zap.String("counter", de.counter), zap.String("chunk", de.chunk), zap.Error(de.err))
+			suspects[de.chunk] = true
+			continue
+		}
+		return err
+	}
+}
 
 // isDataError reports whether err is an error of one row's data or
 // privileges, which parks the row's key instead of failing the flush:
@@ -70,13 +95,6 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
 		}
 	}
-	type notHit struct {
-		key             string
-		present, locked bool
-		// created: a create_missing counter's statement created the
-		// key's row (counter.createFlush).
-		created bool
-	}
 	rows, err := tx.Query(ctx, b.t.Flush, append([]any{keys, deltas}, b.t.FlushArgs...)...)
 	var res []notHit
 	if err == nil {
@@ -90,26 +108,9 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		})
 	}
 	if err != nil && creates && isLockTimeout(err) {
-		for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
-			if _, rerr := tx.Exec(ctx, q); rerr != nil {
-				return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", name, rerr, err)
-			}
-		}
-		if len(keys) == 1 {
-			c := state.Carried{Counter: name, Key: keys[0], Delta: deltas[0]}
-			if p, ok := f.prior[counter.Field(name, keys[0])]; ok {
-				c.Since = p.Since
-			}
-			out.carry = append(out.carry, c)
-			return 0, 0, nil
-		}
-		mid := len(keys) / 2
-		n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], careful, id, out)
-		if err != nil {
-			return 0, 0, err
-		}
-		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], careful, id, out)
-		return n1 + n2, d1 + d2, err
+		return f.split(ctx, tx, b, keys, deltas, careful, id, out, err, func(key string, delta int64) {
+			f.hold(name, key, delta, out)
+		})
 	}
 	if err != nil {
 		if !isDataError(err) {
@@ -118,28 +119,57 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		if !careful {
 			return 0, 0, &dataError{counter: name, chunk: id, err: err}
 		}
-		for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
-			if _, rerr := tx.Exec(ctx, q); rerr != nil {
-				return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", name, rerr, err)
-			}
-		}
-		if len(keys) == 1 {
-			f.park(b, keys[0], deltas[0], errorText(err), out)
-			return 0, 0, nil
-		}
-		mid := len(keys) / 2
-		n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], true, id, out)
-		if err != nil {
-			return 0, 0, err
-		}
-		n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], true, id, out)
-		return n1 + n2, d1 + d2, err
+		msg := errorText(err)
+		return f.split(ctx, tx, b, keys, deltas, true, id, out, err, func(key string, delta int64) {
+			f.park(b, key, delta, msg, out)
+		})
 	}
 	if guarded {
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT walcount_chunk"); err != nil {
 			return 0, 0, fmt.Errorf("update counter %s: %w", name, err)
 		}
 	}
+	flushed, dropped = f.sortKeys(b, keys, deltas, res, out)
+	return flushed, dropped, nil
+}
+
+// notHit is a key of a chunk that its statement did not update.
+type notHit struct {
+	key             string
+	present, locked bool
+	// created: a create_missing counter's statement created the key's
+	// row (counter.createFlush).
+	created bool
+}
+
+// split undoes a guarded chunk whose statement failed with failed, and
+// runs its halves as chunks of their own; a chunk of one key goes to
+// alone instead.
+func (f *Flusher) split(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []string, deltas []int64, careful bool, id string, out *outcome,
+	failed error, alone func(key string, delta int64)) (flushed, dropped int64, err error) {
+	for _, q := range []string{"ROLLBACK TO SAVEPOINT walcount_chunk", "RELEASE SAVEPOINT walcount_chunk"} {
+		if _, rerr := tx.Exec(ctx, q); rerr != nil {
+			return 0, 0, fmt.Errorf("update counter %s: %w (after %v)", b.t.Counter.Name, rerr, failed)
+		}
+	}
+	if len(keys) == 1 {
+		alone(keys[0], deltas[0])
+		return 0, 0, nil
+	}
+	mid := len(keys) / 2
+	n1, d1, err := f.chunk(ctx, tx, b, keys[:mid], deltas[:mid], careful, id, out)
+	if err != nil {
+		return 0, 0, err
+	}
+	n2, d2, err := f.chunk(ctx, tx, b, keys[mid:], deltas[mid:], careful, id, out)
+	return n1 + n2, d1 + d2, err
+}
+
+// sortKeys sorts the keys of a chunk whose statement succeeded into out,
+// by what the statement returned of the keys it did not update (res), and
+// returns the keys applied and dropped.
+func (f *Flusher) sortKeys(b *attemptBatch, keys []string, deltas []int64, res []notHit, out *outcome) (flushed, dropped int64) {
+	name := b.t.Counter.Name
 	skipped := make(map[string]notHit, len(res))
 	for _, n := range res {
 		skipped[n.key] = n
@@ -162,11 +192,7 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		case n.present:
 			// Another transaction holds the row: carried to the next
 			// flush.
-			c := state.Carried{Counter: name, Key: k, Delta: deltas[i]}
-			if p, ok := f.prior[field]; ok {
-				c.Since = p.Since
-			}
-			out.carry = append(out.carry, c)
+			f.hold(name, k, deltas[i], out)
 		default:
 			if out.missed == nil {
 				out.missed = map[string]bool{}
@@ -176,7 +202,17 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 			dropped++
 		}
 	}
-	return flushed, dropped, nil
+	return flushed, dropped
+}
+
+// hold carries the delta of a key whose row another transaction holds to
+// the next flush.
+func (f *Flusher) hold(name, key string, delta int64, out *outcome) {
+	c := state.Carried{Counter: name, Key: key, Delta: delta}
+	if p, ok := f.prior[counter.Field(name, key)]; ok {
+		c.Since = p.Since
+	}
+	out.carry = append(out.carry, c)
 }
 
 // errorText is a data error as a parked key records it.

@@ -97,3 +97,85 @@ func (p *pacer) learn(keys int, took time.Duration) {
 	}
 	p.perKey = (p.perKey + s) / 2
 }
+
+// statements runs the statements of one flush transaction that update
+// target rows, one after another, each sized by the flusher's pacer so
+// that the transaction commits about budget after its first statement
+// locked a row, however slow the rows are; each teaches the pacer its
+// time. It is the one pacing loop of the flush: the one-transaction apply
+// runs its chunks with it, and each piece of a big batch its pages.
+type statements struct {
+	pace   *pacer
+	budget time.Duration
+	// overrun: once the budget is spent, the statements go on at the
+	// size of a transaction's first instead of stopping (a TRUNCATE
+	// barrier's transaction, which cannot be cut in pieces).
+	overrun bool
+	// replay are the sizes of the try before (see isolate), which a retry
+	// uses again so that its chunks are the same; sizes receives the
+	// size of each statement of this try.
+	replay []int
+	sizes  *[]int
+	// locked is when the first statement that updates target rows began:
+	// their row locks are held from then until the commit.
+	locked time.Time
+	last   int // the size of the statement before
+}
+
+// locking tells the loop that the statement running now updates target
+// rows; the budget runs from the first one.
+func (s *statements) locking() {
+	if s.locked.IsZero() {
+		s.locked = time.Now()
+	}
+}
+
+// run runs statements until room returns 0, a statement reports that no
+// keys remain, or the budget is spent (spent; never with overrun). room
+// returns the most keys the next statement may take; step runs one of at
+// most n keys and returns how many it took and whether keys remain.
+func (s *statements) run(room func() int, step func(n int) (took int, more bool, err error)) (spent bool, err error) {
+	for {
+		limit := room()
+		if limit <= 0 {
+			return false, nil
+		}
+		n, ok := s.next(limit)
+		if !ok {
+			return true, nil
+		}
+		began := time.Now()
+		took, more, err := step(n)
+		if err != nil {
+			return false, err
+		}
+		s.pace.learn(took, time.Since(began))
+		s.last = took
+		if !more {
+			return false, nil
+		}
+	}
+}
+
+// next returns the size of the next statement, at most limit, and false
+// once the budget is spent.
+func (s *statements) next(limit int) (int, bool) {
+	var n int
+	if i := len(*s.sizes); i < len(s.replay) {
+		n = s.replay[i]
+	} else {
+		var elapsed time.Duration
+		if !s.locked.IsZero() {
+			elapsed = time.Since(s.locked)
+		}
+		var ok bool
+		if n, ok = s.pace.size(s.budget, elapsed, s.last, limit); !ok {
+			if !s.overrun {
+				return 0, false
+			}
+			n, _ = s.pace.size(s.budget, 0, s.last, limit)
+		}
+	}
+	*s.sizes = append(*s.sizes, n)
+	return n, true
+}

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -70,5 +71,61 @@ func TestPacerLeavesOutTheFixedCost(t *testing.T) {
 	}
 	if last < 1000 {
 		t.Fatalf("statements of %d keys after 30 of them, want them grown back past 1000", last)
+	}
+}
+
+// TestStatementsLoop: the pacing loop replays the sizes of the try
+// before, records its own, stops when no keys remain or the room is
+// gone, and once the budget is spent ends the transaction, or, with
+// overrun, goes on at the size of a transaction's first statement.
+func TestStatementsLoop(t *testing.T) {
+	const budget = 200 * time.Millisecond
+	var sizes []int
+	st := &statements{pace: &pacer{}, budget: budget, replay: []int{3, 7}, sizes: &sizes}
+	var ran []int
+	left := 20
+	spent, err := st.run(func() int { return 5000 }, func(n int) (int, bool, error) {
+		st.locking()
+		took := min(n, left)
+		ran = append(ran, took)
+		left -= took
+		return took, left > 0, nil
+	})
+	if err != nil || spent {
+		t.Fatalf("run: spent %v, %v", spent, err)
+	}
+	// 3 and 7 replayed, then the pacer's first size (100), at most twice
+	// the statement before (14), takes the 10 keys left.
+	if want := []int{3, 7, 10}; !slices.Equal(ran, want) {
+		t.Fatalf("statements of %v keys, want %v", ran, want)
+	}
+	if want := []int{3, 7, 14}; !slices.Equal(sizes, want) {
+		t.Fatalf("recorded sizes %v, want %v", sizes, want)
+	}
+
+	// The room gone: no statement.
+	calls := 0
+	if spent, err := st.run(func() int { return 0 }, func(int) (int, bool, error) { calls++; return 1, true, nil }); spent || err != nil || calls != 0 {
+		t.Fatalf("no room: spent %v, %v, %d statements", spent, err, calls)
+	}
+
+	// The budget spent since the first statement locked rows.
+	for _, overrun := range []bool{false, true} {
+		var sizes []int
+		st := &statements{pace: &pacer{}, budget: budget, overrun: overrun, sizes: &sizes, locked: time.Now().Add(-budget)}
+		calls := 0
+		spent, err := st.run(func() int { return 5000 }, func(n int) (int, bool, error) {
+			calls++
+			if n != firstStatementKeys {
+				t.Errorf("overrun statement of %d keys, want %d", n, firstStatementKeys)
+			}
+			return n, false, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := !overrun; spent != want || calls != map[bool]int{false: 0, true: 1}[overrun] {
+			t.Fatalf("overrun %v: spent %v (want %v) after %d statements", overrun, spent, want, calls)
+		}
 	}
 }

@@ -4,12 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/buffer"
@@ -172,21 +172,14 @@ func (f *Flusher) drainCount(ctx context.Context) (int, error) {
 // returns the cursor after it, whether keys may remain after it, and
 // whether it committed anything.
 func (f *Flusher) drainPiece(ctx context.Context, cursor state.CarriedCursor) (state.CarriedCursor, bool, bool, error) {
-	suspects := map[string]bool{}
-	var replay []int
-	for {
-		var sizes []int
-		next, more, did, err := f.drainOnce(ctx, cursor, suspects, replay, &sizes)
-		replay = sizes
-		var de *dataError
-		if errors.As(err, &de) && !suspects[de.chunk] {
-			f.log.Warn("a flush chunk failed on a row's data; applying it again key by key to isolate the row",
-				zap.String("counter", de.counter), zap.String("chunk", de.chunk), zap.Error(de.err))
-			suspects[de.chunk] = true
-			continue
-		}
-		return next, more, did, err
-	}
+	var next state.CarriedCursor
+	var more, did bool
+	err := f.isolate(func(suspects map[string]bool, replay []int, sizes *[]int) error {
+		var err error
+		next, more, did, err = f.drainOnce(ctx, cursor, suspects, replay, sizes)
+		return err
+	})
+	return next, more, did, err
 }
 
 // drainOnce is one try of drainPiece. It appends the size of each page it
@@ -211,106 +204,109 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 		}
 		return cursor, false, false, fmt.Errorf("apply carried deltas at %s: %w: checkpoint is %s", w, ErrCheckpointMoved, now)
 	}
-	total := &outcome{applied: map[string]int64{}}
-	prior := map[string]state.Carried{}
-	// The time runs from the first statement that updates target rows:
-	// their row locks are held from then until the commit. Each page is
-	// one statement per counter, sized by the pace of the statements
-	// before (see pacer), so that the piece commits about TransactionTime
-	// after it first locked a row, however slow the rows are.
-	var updating time.Time
-	keys, more, attempted, last := 0, true, 0, 0
-	for keys < f.opt.TransactionKeys {
-		room := min(f.opt.ChunkSize, f.opt.TransactionKeys-keys)
-		var limit int
-		if n := len(*sizes); n < len(replay) {
-			limit = replay[n] // a retry cuts the pages as its first try did
-		} else {
-			var elapsed time.Duration
-			if !updating.IsZero() {
-				elapsed = time.Since(updating)
-			}
-			var ok bool
-			if limit, ok = f.pace.size(f.opt.TransactionTime, elapsed, last, room); !ok {
-				break
-			}
-		}
-		*sizes = append(*sizes, limit)
-		pageStart := time.Now()
+	// Each page is one statement per counter, sized by the pace of the
+	// statements before (see statements), so that the piece commits about
+	// TransactionTime after it first locked a row, however slow the rows
+	// are.
+	st := &statements{pace: &f.pace, budget: f.opt.TransactionTime, replay: replay, sizes: sizes}
+	var outs []*outcome
+	var priors []map[string]state.Carried
+	keys, more, attempted := 0, true, 0
+	_, err = st.run(func() int {
+		return min(f.opt.ChunkSize, f.opt.TransactionKeys-keys)
+	}, func(limit int) (int, bool, error) {
 		page, next, err := state.LoadCarriedPage(ctx, tx, f.opt.Slot, cursor, limit)
 		if err != nil {
-			return cursor, false, false, err
+			return 0, false, err
 		}
 		if len(page) == 0 {
 			more = false
-			break
+			return 0, false, nil
 		}
-		batches, out, err := f.plan(nil, nil, page)
+		out, n, err := f.drainPage(ctx, tx, st, page, next, suspects)
 		if err != nil {
-			return cursor, false, false, err
+			return 0, false, err
 		}
-		if updating.IsZero() {
-			updating = time.Now()
-		}
-		if err := f.awaitVisible(ctx, tx, batches); err != nil {
-			return cursor, false, false, err
-		}
-		for _, b := range batches {
-			var flushed, dropped int64
-			for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
-				hi := min(lo+f.opt.ChunkSize, len(b.keys))
-				chunk := fmt.Sprintf("carried/%s/%s/%d", next.Key, b.t.Counter.Name, lo)
-				if b.careful {
-					chunk += "/retry"
-				}
-				n, d, err := f.chunk(ctx, tx, b, b.keys[lo:hi], b.deltas[lo:hi], b.careful || suspects[chunk], chunk, out)
-				if err != nil {
-					return cursor, false, false, err
-				}
-				flushed += n
-				dropped += d
-				attempted += hi - lo
-			}
-			out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
-		}
-		if err := f.carry(ctx, tx, out, page); err != nil {
-			return cursor, false, false, err
-		}
-		f.pace.learn(len(page), time.Since(pageStart))
-		last = len(page)
-		maps.Copy(total.applied, out.applied)
-		for k := range out.missed {
-			if total.missed == nil {
-				total.missed = map[string]bool{}
-			}
-			total.missed[k] = true
-		}
-		total.parked = append(total.parked, out.parked...)
-		total.created = append(total.created, out.created...)
-		total.counts = append(total.counts, out.counts...)
-		maps.Copy(prior, f.prior)
+		outs, priors = append(outs, out), append(priors, f.prior)
+		attempted += n
 		keys += len(page)
 		cursor = next
-		if len(page) < limit {
-			more = false
-			break
-		}
+		more = len(page) >= limit
+		return len(page), more, nil
+	})
+	if err != nil {
+		return cursor, false, false, err
+	}
+	total := &outcome{applied: map[string]int64{}}
+	prior := map[string]state.Carried{}
+	for i, out := range outs {
+		total.add(out)
+		maps.Copy(prior, priors[i])
 	}
 	if attempted == 0 && len(total.parked) == 0 {
 		// Nothing to apply (no keys, or only parked keys not due):
 		// nothing was written.
 		return cursor, more, false, nil
 	}
+	if err := f.commitPiece(ctx, tx, w, total); err != nil {
+		return cursor, false, false, err
+	}
+	f.prior = prior
+	f.committedCarry(total)
+	return cursor, more, true, nil
+}
+
+// drainPage applies a page of carried keys in a piece's transaction, one
+// statement per counter and chunk, and writes back what it could not
+// apply. next is the cursor after the page. It returns what the page did
+// and how many keys it tried.
+func (f *Flusher) drainPage(ctx context.Context, tx pgx.Tx, st *statements, page []state.Carried, next state.CarriedCursor, suspects map[string]bool) (*outcome, int, error) {
+	batches, out, err := f.plan(nil, nil, page)
+	if err != nil {
+		return nil, 0, err
+	}
+	st.locking()
+	if err := f.awaitVisible(ctx, tx, batches); err != nil {
+		return nil, 0, err
+	}
+	attempted := 0
+	for _, b := range batches {
+		var flushed, dropped int64
+		for lo := 0; lo < len(b.keys); lo += f.opt.ChunkSize {
+			hi := min(lo+f.opt.ChunkSize, len(b.keys))
+			chunk := fmt.Sprintf("carried/%s/%s/%d", next.Key, b.t.Counter.Name, lo)
+			if b.careful {
+				chunk += "/retry"
+			}
+			n, d, err := f.chunk(ctx, tx, b, b.keys[lo:hi], b.deltas[lo:hi], b.careful || suspects[chunk], chunk, out)
+			if err != nil {
+				return nil, 0, err
+			}
+			flushed += n
+			dropped += d
+			attempted += hi - lo
+		}
+		out.counts = append(out.counts, counted{b.t.Counter.Name, flushed, dropped, b.t.Extremum})
+	}
+	if err := f.carry(ctx, tx, out, page); err != nil {
+		return nil, 0, err
+	}
+	return out, attempted, nil
+}
+
+// commitPiece commits a piece of a drain that did what total holds, with
+// its flush marker for w when it applied anything.
+func (f *Flusher) commitPiece(ctx context.Context, tx pgx.Tx, w cdc.LSN, total *outcome) error {
 	if len(total.applied) > 0 {
 		piece := newPieceName()
 		if err := cdc.PostMessage(ctx, tx, cdc.PieceMarker(f.opt.Slot, w, piece)); err != nil {
-			return cursor, false, false, fmt.Errorf("flush marker: %w", err)
+			return fmt.Errorf("flush marker: %w", err)
 		}
 		f.opt.FlushLog.add(w, piece, total.applied, total.missed)
 	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		f.opt.FlushLog.drop(w)
-		return cursor, false, false, err
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// Unlike a flush that moves W, a piece is not tried again as
@@ -318,11 +314,9 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 		// not take it (a piece that did commit then costs dirty marks,
 		// never a wrong compensation).
 		f.opt.FlushLog.drop(w)
-		return cursor, false, false, fmt.Errorf("commit flush: %w", err)
+		return fmt.Errorf("commit flush: %w", err)
 	}
-	f.prior = prior
-	f.committedCarry(total)
-	return cursor, more, true, nil
+	return nil
 }
 
 // newPieceName returns a name for a piece's marker that no other process
