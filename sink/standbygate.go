@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/slot"
 )
 
 // Defaults of StandbyGate.
@@ -157,17 +158,9 @@ func (g *StandbyGate) standbySlots(ctx context.Context) ([]string, error) {
 		return s, nil
 	}
 	g.mu.Unlock()
-	var setting string
-	// The setting exists from PostgreSQL 17 on; before, missing_ok gives
-	// NULL and no standby can carry a logical slot anyway.
-	if err := g.q.QueryRow(ctx, `SELECT coalesce(current_setting('synchronized_standby_slots', true), '')`).Scan(&setting); err != nil {
+	slots, _, err := slot.StandbySlots(ctx, g.q)
+	if err != nil {
 		return nil, fmt.Errorf("read synchronized_standby_slots: %w", err)
-	}
-	var slots []string
-	for _, s := range strings.Split(setting, ",") {
-		if s = strings.Trim(strings.TrimSpace(s), `"`); s != "" {
-			slots = append(slots, s)
-		}
 	}
 	g.mu.Lock()
 	g.slots, g.slotsRead = slots, time.Now()
@@ -179,9 +172,8 @@ func (g *StandbyGate) standbySlots(ctx context.Context) ([]string, error) {
 // and flushed the primary's WAL: a promotion replays all of it before the
 // standby opens, so a flush it has is a flush the promoted standby has.
 func (g *StandbyGate) replayed(ctx context.Context) (cdc.LSN, error) {
-	var recovery bool
-	var lsn *cdc.LSN
-	if err := g.replica.QueryRow(ctx, `SELECT pg_is_in_recovery(), pg_last_wal_receive_lsn()::text`).Scan(&recovery, &lsn); err != nil {
+	recovery, lsn, err := slot.Received(ctx, g.replica)
+	if err != nil {
 		return 0, err
 	}
 	if !recovery {
@@ -233,8 +225,7 @@ func (g *StandbyGate) Run(ctx context.Context) error {
 		}
 		var flushed *cdc.LSN
 		if len(slots) > 0 {
-			err = g.q.QueryRow(ctx, `SELECT CASE WHEN count(*) = cardinality($1::text[]) THEN min(restart_lsn)::text END
-FROM pg_replication_slots WHERE slot_name = ANY ($1) AND slot_type = 'physical'`, slots).Scan(&flushed)
+			flushed, err = slot.StandbysFlushed(ctx, g.q, slots)
 			if err != nil || flushed == nil {
 				continue
 			}

@@ -1,9 +1,14 @@
-// Package monitor watches the health of walcount's logical replication slot.
+// Package slot owns walcount's logical replication slot: every statement
+// that creates, drops or reads it (sql.go; its creation on a hot standby,
+// standby.go), the physical standbys that must carry it through a
+// failover (standbys.go: synchronized_standby_slots, their slots'
+// positions, a standby's received WAL), the slot's errors, and the
+// monitor that watches its health.
 //
 // A logical slot makes the server keep every WAL segment from the slot's
 // restart_lsn on, so that nothing walcount has not yet confirmed can be
 // removed. That guarantee is what makes walcount exact (docs/design.md §2), and it
-// has two failure modes this package exists to make visible:
+// has two failure modes the monitor makes visible:
 //
 //   - Lag. WAL piles up on the server while walcount is slow or stopped:
 //     LagBytes (pg_current_wal_lsn() - confirmed_flush_lsn) and
@@ -30,4 +35,7 @@
 //
 // The monitor only reads. It runs on its own connection pool, never on the
 // replication connection, which belongs to the cdc package.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package slot

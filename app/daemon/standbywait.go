@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/walcount/walcount/slot"
 )
 
 // waitForStandby is the wait event of a PostgreSQL 17+ walsender that
@@ -32,16 +34,7 @@ type StandbyWait struct {
 }
 
 // StandbySlotWait is one physical slot waited for.
-type StandbySlotWait struct {
-	Slot string `json:"slot"`
-	// Exists is false for a named slot that does not exist; Active says
-	// whether a standby is connected to it.
-	Exists bool `json:"exists"`
-	Active bool `json:"active"`
-	// BehindBytes is how far its confirmed position trails the server's
-	// flushed WAL; -1 when it has none.
-	BehindBytes int64 `json:"behind_bytes"`
-}
+type StandbySlotWait = slot.StandbySlot
 
 func (w StandbyWait) String() string {
 	var ss []string
@@ -115,26 +108,16 @@ func (d *Daemon) checkStandbyWait(ctx context.Context) {
 // that have not confirmed the server's flushed WAL (all of them when none
 // is behind: the wait is then for WAL about to be flushed).
 func (d *Daemon) standbySlotsBehind(ctx context.Context) []StandbySlotWait {
-	rows, err := d.pool.Query(ctx, `
-WITH named AS (
-  SELECT trim(both '"' FROM trim(n)) AS slot_name
-  FROM unnest(string_to_array(coalesce(current_setting('synchronized_standby_slots', true), ''), ',')) n
-  WHERE trim(n) <> '')
-SELECT n.slot_name, s.slot_name IS NOT NULL, coalesce(s.active, false),
-       coalesce(pg_wal_lsn_diff(pg_current_wal_flush_lsn(), s.restart_lsn), -1)::bigint
-FROM named n LEFT JOIN pg_replication_slots s ON s.slot_name = n.slot_name AND s.slot_type = 'physical'
-ORDER BY 1`)
+	names, _, err := slot.StandbySlots(ctx, d.pool)
+	if err != nil || len(names) == 0 {
+		return nil
+	}
+	all, err := slot.ReadStandbySlots(ctx, d.pool, names)
 	if err != nil {
 		return nil
 	}
-	defer rows.Close()
-	var all, behind []StandbySlotWait
-	for rows.Next() {
-		var s StandbySlotWait
-		if err := rows.Scan(&s.Slot, &s.Exists, &s.Active, &s.BehindBytes); err != nil {
-			return nil
-		}
-		all = append(all, s)
+	var behind []StandbySlotWait
+	for _, s := range all {
 		if !s.Exists || !s.Active || s.BehindBytes != 0 {
 			behind = append(behind, s)
 		}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/slot"
 )
 
 // CheckFailover names the failover-readiness findings.
@@ -28,40 +29,18 @@ func (r *run) checkFailover() error {
 			"point --database-url at the primary, or list every host with target_session_attrs=read-write")
 		return nil
 	}
-	// Physical walsenders are the ones not connected to a database; a
-	// logical one (walcount's own, another consumer's, a replication
-	// connection that only identified the system) is.
 	if r.onStandby {
 		// The slot lives on a hot standby (checkStandby): it cannot be a
 		// failover slot, and the primary's failover is the standby's
 		// business (it follows the new primary with its slot).
 		return nil
 	}
-	type standby struct{ name, slot string }
-	var standbys []standby
-	rows, err := r.conn.Query(r.ctx, `
-SELECT coalesce(nullif(r.application_name, ''), host(r.client_addr), 'pid ' || r.pid), coalesce(s.slot_name::text, '')
-FROM pg_stat_replication r
-JOIN pg_stat_activity a ON a.pid = r.pid
-LEFT JOIN pg_replication_slots s ON s.active_pid = r.pid
-WHERE a.datid IS NULL AND r.state <> 'backup' AND coalesce(s.slot_type, 'physical') = 'physical'
-ORDER BY 1`)
+	standbys, err := slot.Standbys(r.ctx, r.conn)
 	if err != nil {
 		return r.queryFailed(CheckFailover, "the physical standbys", err)
 	}
-	for rows.Next() {
-		var s standby
-		if err := rows.Scan(&s.name, &s.slot); err != nil {
-			rows.Close()
-			return r.queryFailed(CheckFailover, "the physical standbys", err)
-		}
-		standbys = append(standbys, s)
-	}
-	if err := rows.Err(); err != nil {
-		return r.queryFailed(CheckFailover, "the physical standbys", err)
-	}
-	var physical []string
-	if err := r.conn.QueryRow(r.ctx, `SELECT coalesce(array_agg(slot_name::text ORDER BY slot_name), '{}') FROM pg_replication_slots WHERE slot_type = 'physical'`).Scan(&physical); err != nil {
+	physical, err := slot.PhysicalSlots(r.ctx, r.conn)
+	if err != nil {
 		return r.queryFailed(CheckFailover, "the physical slots", err)
 	}
 	if len(standbys) == 0 && len(physical) == 0 {
@@ -80,33 +59,27 @@ ORDER BY 1`)
 		return nil
 	}
 
-	if r.slot != nil && !r.slot.failover {
+	if r.slot != nil && !r.slot.Failover {
 		r.warn(CheckFailover,
 			fmt.Sprintf("replication slot %s is not a failover slot: standbys do not keep a copy, so it is gone after a failover", r.cfg.Slot),
 			fmt.Sprintf(`psql "%s replication=database" -c 'ALTER_REPLICATION_SLOT %s (FAILOVER)' (with walcount stopped), or walcount setup --recreate-slot`,
 				"dbname="+r.database, r.ident(r.cfg.Slot)))
 	}
 
-	var setting string
-	if err := r.conn.QueryRow(r.ctx, "SELECT current_setting('synchronized_standby_slots')").Scan(&setting); err != nil {
+	listed, setting, err := slot.StandbySlots(r.ctx, r.conn)
+	if err != nil {
 		return r.queryFailed(CheckFailover, "synchronized_standby_slots", err)
-	}
-	var listed []string
-	for _, s := range strings.Split(setting, ",") {
-		if s = strings.Trim(strings.TrimSpace(s), `"`); s != "" {
-			listed = append(listed, s)
-		}
 	}
 	var missing []string
 	for _, s := range standbys {
-		if s.slot == "" {
+		if s.Slot == "" {
 			r.warn(CheckFailover,
-				fmt.Sprintf("standby %s streams without a replication slot: it cannot synchronise walcount's slot, so a failover to it loses the slot", s.name),
-				fmt.Sprintf("SELECT pg_create_physical_replication_slot('%s_slot'); then on the standby primary_slot_name = '%s_slot'", s.name, s.name))
+				fmt.Sprintf("standby %s streams without a replication slot: it cannot synchronise walcount's slot, so a failover to it loses the slot", s.Name),
+				fmt.Sprintf("SELECT pg_create_physical_replication_slot('%s_slot'); then on the standby primary_slot_name = '%s_slot'", s.Name, s.Name))
 			continue
 		}
-		if !slices.Contains(listed, s.slot) {
-			missing = append(missing, s.slot)
+		if !slices.Contains(listed, s.Slot) {
+			missing = append(missing, s.Slot)
 		}
 	}
 	if len(missing) > 0 {
@@ -119,11 +92,11 @@ ORDER BY 1`)
 		r.ok(CheckFailover, fmt.Sprintf("synchronized_standby_slots names every standby's physical slot (%s): walcount confirms its slot only once they have each flush", setting))
 	}
 	for _, s := range standbys {
-		if s.slot == "" {
+		if s.Slot == "" {
 			continue
 		}
 		r.ok(CheckFailover, fmt.Sprintf("on standby %s (its physical slot %s), walcount's slot survives a failover only with: sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name = '%s', and dbname=%s in primary_conninfo",
-			s.name, s.slot, s.slot, r.database))
+			s.Name, s.Slot, s.Slot, r.database))
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/connerr"
 	"github.com/walcount/walcount/internal/pgversion"
+	"github.com/walcount/walcount/slot"
 )
 
 // Severity says how bad a Finding is.
@@ -223,7 +224,7 @@ type run struct {
 	database string
 	user     string
 	// Learnt by checkSlot's early lookup in checkServer.
-	slot *slotInfo
+	slot *slot.Info
 	// slotConn reaches the server that holds the slot (replication_url's
 	// when it is another, see connectSlotServer); onStandby says it is a
 	// hot standby.

@@ -56,7 +56,7 @@ SELECT current_setting('server_version_num')::int,
 	needSlot, needSender := 1, 1
 	if r.slot != nil {
 		needSlot = 0
-		if r.slot.active {
+		if r.slot.Active {
 			needSender = 0
 		}
 	}
@@ -126,12 +126,12 @@ func (r *run) checkIdleSlotTimeout() error {
 	timeout := time.Duration(seconds) * time.Second
 	msg := fmt.Sprintf("idle_replication_slot_timeout is %s: if walcount is stopped (or cannot connect) for longer, PostgreSQL invalidates slot %s at the next checkpoint (idle_timeout), and the counters need walcount setup --recreate-slot (or on_slot_loss: recreate) and a repair of every counter",
 		timeout, r.cfg.Slot)
-	if r.slot != nil && !r.slot.active && r.slot.inactiveSince != nil {
-		left := time.Until(r.slot.inactiveSince.Add(timeout)).Round(time.Second)
+	if r.slot != nil && !r.slot.Active && r.slot.InactiveSince != nil {
+		left := time.Until(r.slot.InactiveSince.Add(timeout)).Round(time.Second)
 		if left > 0 {
-			msg += fmt.Sprintf("; the slot has had no reader since %s: start walcount within %s", r.slot.inactiveSince.UTC().Format(time.RFC3339), left)
+			msg += fmt.Sprintf("; the slot has had no reader since %s: start walcount within %s", r.slot.InactiveSince.UTC().Format(time.RFC3339), left)
 		} else {
-			msg += fmt.Sprintf("; the slot has had no reader since %s, past the timeout: the next checkpoint invalidates it", r.slot.inactiveSince.UTC().Format(time.RFC3339))
+			msg += fmt.Sprintf("; the slot has had no reader since %s, past the timeout: the next checkpoint invalidates it", r.slot.InactiveSince.UTC().Format(time.RFC3339))
 		}
 	}
 	r.warn(CheckIdleSlotTimeout, msg,

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -13,29 +12,13 @@ import (
 	"github.com/walcount/walcount/state"
 )
 
-// slotInfo is walcount's row of pg_replication_slots.
-type slotInfo struct {
-	plugin, slotType string
-	database         *string
-	active           bool
-	restartLSN       *string
-	confirmedLSN     *string
-	walStatus        *string
-	inactiveSince    *time.Time // PostgreSQL 17+
-	failover         bool       // PostgreSQL 17+
-}
-
 // lookupSlot reads the slot into r.slot (nil when it does not exist).
 func (r *run) lookupSlot() error {
 	i, err := slot.ReadInfo(r.ctx, r.slotConn, r.version, r.cfg.Slot)
 	if err != nil {
 		return r.queryFailed(CheckSlot, "slot "+r.cfg.Slot, err)
 	}
-	if i != nil {
-		r.slot = &slotInfo{plugin: i.Plugin, slotType: i.Type, database: i.Database, active: i.Active,
-			restartLSN: i.RestartLSN, confirmedLSN: i.ConfirmedLSN, walStatus: i.WALStatus,
-			inactiveSince: i.InactiveSince, failover: i.Failover}
-	}
+	r.slot = i
 	return nil
 }
 
@@ -59,43 +42,43 @@ func (r *run) checkSlot() error {
 	case s == nil:
 		r.setupProblem(CheckSlot, fmt.Sprintf("replication slot %s does not exist", name), "walcount setup")
 		return nil
-	case s.slotType != "logical":
-		r.problem(CheckSlot, fmt.Sprintf("replication slot %s is a %s slot, not a logical one", name, s.slotType),
+	case s.Type != "logical":
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s is a %s slot, not a logical one", name, s.Type),
 			"choose another --slot, or drop this one if nothing uses it and run walcount setup")
 		return nil
-	case s.database == nil || *s.database != r.database:
+	case s.Database == nil || *s.Database != r.database:
 		db := "<none>"
-		if s.database != nil {
-			db = *s.database
+		if s.Database != nil {
+			db = *s.Database
 		}
 		r.problem(CheckSlot, fmt.Sprintf("replication slot %s belongs to database %s, not %s", name, db, r.database),
 			"choose another --slot, or point --database-url at database "+db)
 		return nil
-	case s.plugin != "pgoutput":
-		r.problem(CheckSlot, fmt.Sprintf("replication slot %s uses plugin %s, not pgoutput", name, s.plugin), recreate)
+	case s.Plugin != "pgoutput":
+		r.problem(CheckSlot, fmt.Sprintf("replication slot %s uses plugin %s, not pgoutput", name, s.Plugin), recreate)
 		return nil
-	case (s.walStatus != nil && *s.walStatus == "lost" || s.restartLSN == nil) && selfRepair:
+	case (s.WALStatus != nil && *s.WALStatus == "lost" || s.RestartLSN == nil) && selfRepair:
 		r.warn(CheckSlot, fmt.Sprintf("replication slot %s is lost: the WAL it needs was removed; %s", name, repairs),
 			"nothing, or walcount setup --recreate-slot to do it now")
 		return nil
-	case s.walStatus != nil && *s.walStatus == "lost" || s.restartLSN == nil:
+	case s.WALStatus != nil && *s.WALStatus == "lost" || s.RestartLSN == nil:
 		r.problem(CheckSlot,
 			fmt.Sprintf("replication slot %s is lost: the WAL it needs was removed, so changes since its position are gone", name),
 			recreate)
 		return nil
-	case s.walStatus != nil && *s.walStatus == "unreserved":
+	case s.WALStatus != nil && *s.WALStatus == "unreserved":
 		r.warn(CheckSlot,
 			fmt.Sprintf("replication slot %s is unreserved: it is past max_slot_wal_keep_size and will be lost at the next checkpoint unless walcount catches up at once", name),
 			"start walcount now, or raise max_slot_wal_keep_size: ALTER SYSTEM SET max_slot_wal_keep_size = '100GB'; SELECT pg_reload_conf();")
 		return nil
 	}
 	state := "inactive"
-	if s.active {
+	if s.Active {
 		state = "active"
 	}
 	status := "unknown"
-	if s.walStatus != nil {
-		status = *s.walStatus
+	if s.WALStatus != nil {
+		status = *s.WALStatus
 	}
 	r.ok(CheckSlot, fmt.Sprintf("replication slot %s: pgoutput, %s, wal_status %s", name, state, status))
 	return nil
@@ -150,8 +133,8 @@ func (r *run) checkCheckpoint() error {
 		return r.queryFailed(CheckCheckpoint, "walcount.checkpoint", err)
 	}
 	lsnText := w.String()
-	if r.slot != nil && r.slot.confirmedLSN != nil {
-		c, errC := pglogrepl.ParseLSN(*r.slot.confirmedLSN)
+	if r.slot != nil && r.slot.ConfirmedLSN != nil {
+		c, errC := pglogrepl.ParseLSN(*r.slot.ConfirmedLSN)
 		if errC == nil && w < c {
 			r.warn(CheckCheckpoint,
 				fmt.Sprintf("checkpoint %s of slot %s is behind the slot's confirmed position %s: if the slot was advanced by hand, changes in between were never counted (walcount itself confirms past its checkpoint only to let PostgreSQL shut down while nothing was streaming, which loses nothing)", w, r.cfg.Slot, c),
