@@ -18,4 +18,7 @@
 // A TRUNCATE of a source table is a barrier (rule 10): the pending batch
 // is written, the sink flushes and then zeroes the counters in the same
 // transaction that moves W past the TRUNCATE.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package aggregator

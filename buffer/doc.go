@@ -18,4 +18,7 @@
 //
 // LSNs are stored as 16 hex digits so that Lua compares them as strings:
 // Lua numbers are doubles and cannot hold every 64-bit LSN.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package buffer

@@ -16,4 +16,7 @@
 //
 // Decoding writes column values into a per-batch arena, so the hot path
 // allocates per batch, not per row or column.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package cdc

@@ -20,4 +20,7 @@
 //
 // See https://www.postgresql.org/docs/current/datatype-numeric.html for the
 // numeric type modifier and https://www.postgresql.org/docs/current/catalog-pg-attribute.html.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package counter

@@ -51,4 +51,7 @@
 //
 // Snapshots: https://www.postgresql.org/docs/15/functions-info.html#FUNCTIONS-PG-SNAPSHOT.
 // Logical messages: https://www.postgresql.org/docs/15/functions-admin.html#FUNCTIONS-REPLICATION.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package reconcile

@@ -28,4 +28,18 @@
 // carried to the next flush in walcount.carried, written in the same
 // transaction as the compare-and-set, and so is a key whose update fails on
 // its row's data (parked, retried later). See docs/design.md, rule 2.
+//
+// The flusher's parts: flusher.go, its lifecycle, Run and Request, and
+// the flush that ends in one transaction; plan.go, the grouping of a batch
+// by counter and key, the lifecycle moves run on the carried keys, and
+// their merge with the batch; apply.go, the transaction that moves W and
+// applies the batch; chunk.go, one statement on a chunk of keys, with its
+// savepoint, its bisection on a row's data error and the retry that
+// isolates it; carry.go, what is carried and parked, written in the flush
+// transaction, and the metrics once it committed; pieces.go, the stage
+// and drain of a big batch; pace.go, the pacing of the statements; and
+// barrier.go, the TRUNCATE barrier.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package sink

@@ -15,4 +15,7 @@
 // (Migrate), from SQL files embedded in the binary; a version row records
 // how far. The daemon, check and status only read it, and refuse a schema
 // of another version with the command that fixes it (CheckVersion).
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes a top-level package so.
 package state

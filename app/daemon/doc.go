@@ -14,4 +14,7 @@
 // aggregator drain what was already received and write it to Redis; run a
 // final flush bounded by ShutdownTimeout; then send the final status
 // update confirming the new W and close the replication connection.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes every package outside internal/ so.
 package daemon

@@ -27,4 +27,7 @@
 // slot and publication walcount_demo) and drops them afterwards, so that it
 // never touches an application's posts and likes or leaves a slot behind
 // that would pin WAL.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes every package outside internal/ so.
 package demo

@@ -23,4 +23,7 @@
 //
 // A failure to connect to PostgreSQL is Run's error, since nothing else can
 // be checked; everything else, Redis being down included, is a Finding.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes every package outside internal/ so.
 package preflight

@@ -23,6 +23,9 @@
 // generated column under FULL can never be published and is unusable.
 //
 // See https://www.postgresql.org/docs/current/logical-replication-col-lists.html.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes every package outside internal/ so.
 package publication
 
 import (

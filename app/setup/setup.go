@@ -13,6 +13,9 @@
 //
 // See https://www.postgresql.org/docs/current/logical-replication-publication.html
 // and https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-REPLICATION.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes every package outside internal/ so.
 package setup
 
 import (
