@@ -31,14 +31,33 @@ install: build
 
 # image builds the container image walcount:$(IMAGE_TAG) with the version,
 # commit and modified flag of this checkout stamped in (the build context
-# has no .git). It needs a Docker engine.
+# has no .git). It needs a Docker engine and BuildKit (DOCKER_BUILDKIT=1:
+# the default builder since Docker 23, built into the client of Debian's
+# docker.io 20.10). BASE selects the Dockerfile's base:
+#   distroless  (default) walcount built in the pinned golang image, on the
+#               pinned distroless static nonroot: both are pulled.
+#   local       pulls nothing: the static binary is built here with the
+#               Dockerfile's flags into bin/image/walcount, and the root
+#               filesystem (nonroot user, CA certificates, /tmp) is
+#               assembled from this machine into bin/image/
+#               (scripts/image-rootfs.sh). For a machine without a registry.
+# DOCKER names the docker client.
 GIT_VERSION = $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GIT_REVISION = $(shell git rev-parse HEAD 2>/dev/null)
 GIT_MODIFIED = $(shell if [ -z "$(GIT_REVISION)" ]; then echo; elif [ -z "$$(git status --porcelain 2>/dev/null)" ]; then echo false; else echo true; fi)
 IMAGE_TAG ?= $(GIT_VERSION)
+BASE ?= distroless
+DOCKER ?= docker
+IMAGE_LDFLAGS = -s -w -X $(BUILDINFO).version=$(GIT_VERSION) -X $(BUILDINFO).revision=$(GIT_REVISION) -X $(BUILDINFO).modified=$(GIT_MODIFIED)
 image:
-	docker build --build-arg VERSION=$(GIT_VERSION) --build-arg REVISION=$(GIT_REVISION) \
-		--build-arg MODIFIED=$(GIT_MODIFIED) -t walcount:$(IMAGE_TAG) .
+	@case "$(BASE)" in distroless | local) ;; *) echo "make image: BASE=$(BASE): use distroless (the default) or local" >&2; exit 2 ;; esac
+	@if [ "$(BASE)" = local ]; then \
+		set -x; \
+		CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "$(IMAGE_LDFLAGS)" -o bin/image/walcount ./cmd/walcount && \
+		sh scripts/image-rootfs.sh bin/image; \
+	fi
+	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg BASE=$(BASE) --build-arg VERSION=$(GIT_VERSION) \
+		--build-arg REVISION=$(GIT_REVISION) --build-arg MODIFIED=$(GIT_MODIFIED) -t walcount:$(IMAGE_TAG) .
 
 # release-snapshot builds what a release ships into dist/, from this
 # checkout, publishing nothing: static linux and darwin binaries (amd64,

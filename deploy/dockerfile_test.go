@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,16 +46,72 @@ var (
 	ldflag = regexp.MustCompile(`-ldflags="([^"]*)"`)
 )
 
-// TestDockerfile checks what can be checked without a Docker engine (this
-// machine has none): every base image is pinned by digest, the API listens
-// beyond loopback on the port the image exposes, the HEALTHCHECK runs
-// walcount healthcheck, and the build's -ldflags, with the build arguments
-// filled in, stamp a version that `walcount --version` prints.
+// stage is a stage of the Dockerfile: its FROM (ARGs not yet expanded),
+// its name and the stages or images its COPY --from instructions read.
+type stage struct {
+	from, name string
+	copyFrom   []string
+}
+
+// baseImages returns the images outside the Dockerfile that a build of
+// its last stage pulls with the given build arguments, when BuildKit
+// builds only the stages the target needs: the FROMs and COPY --froms
+// reached from the last stage that are neither stages nor scratch. It
+// fails the test on a FROM or COPY --from that names a later stage.
+func baseImages(t *testing.T, stages []stage, defaults, args map[string]string) []string {
+	t.Helper()
+	expand := func(s string) string {
+		return argRef.ReplaceAllStringFunc(s, func(m string) string {
+			k := m[2 : len(m)-1]
+			if v, ok := args[k]; ok {
+				return v
+			}
+			return defaults[k]
+		})
+	}
+	index := map[string]int{}
+	for i, st := range stages {
+		if st.name != "" {
+			index[st.name] = i
+		}
+	}
+	var images []string
+	seen := map[int]bool{}
+	var visit func(i int)
+	visit = func(i int) {
+		if seen[i] {
+			return
+		}
+		seen[i] = true
+		refs := append([]string{expand(stages[i].from)}, stages[i].copyFrom...)
+		for _, ref := range refs {
+			if j, ok := index[ref]; ok {
+				if j >= i {
+					t.Errorf("stage %d (%s) reads stage %s, which comes later", i, stages[i].name, ref)
+					continue
+				}
+				visit(j)
+			} else if ref != "scratch" && !slices.Contains(images, ref) {
+				images = append(images, ref)
+			}
+		}
+	}
+	visit(len(stages) - 1)
+	return images
+}
+
+// TestDockerfile checks what can be checked without a Docker engine
+// (TestImage builds and runs the image where one runs): every base image
+// is pinned by digest; the default BASE pulls the golang and distroless
+// images and BASE=local pulls none; the API listens beyond loopback on
+// the port the image exposes; the HEALTHCHECK runs walcount healthcheck;
+// the build's -ldflags, with the build arguments filled in, stamp a
+// version that `walcount --version` prints, and make image BASE=local
+// builds on the host with the same flags.
 func TestDockerfile(t *testing.T) {
 	t.Parallel()
 	args := map[string]string{}
-	var froms []string
-	stages := map[string]bool{}
+	var stages []stage
 	var env, expose, health, build string
 	for _, in := range dockerfile(t) {
 		switch in[0] {
@@ -65,9 +122,16 @@ func TestDockerfile(t *testing.T) {
 			}
 		case "FROM":
 			f := strings.Fields(in[1])
-			froms = append(froms, argRef.ReplaceAllStringFunc(f[0], func(m string) string { return args[m[2:len(m)-1]] }))
+			st := stage{from: f[0]}
 			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
-				stages[f[2]] = true
+				st.name = f[2]
+			}
+			stages = append(stages, st)
+		case "COPY":
+			for _, f := range strings.Fields(in[1]) {
+				if from, ok := strings.CutPrefix(f, "--from="); ok && len(stages) > 0 {
+					stages[len(stages)-1].copyFrom = append(stages[len(stages)-1].copyFrom, from)
+				}
 			}
 		case "ENV":
 			env += in[1] + "\n"
@@ -81,13 +145,27 @@ func TestDockerfile(t *testing.T) {
 			}
 		}
 	}
-	if len(froms) != 2 {
-		t.Errorf("FROM images %q: want a build stage and a runtime stage", froms)
+	if len(stages) == 0 {
+		t.Fatal("the Dockerfile has no FROM")
 	}
-	for _, f := range froms {
-		if !stages[f] && !pinned.MatchString(f) {
-			t.Errorf("base image %q is not pinned by digest (name:tag@sha256:<64 hex>)", f)
+	if args["BASE"] != "distroless" {
+		t.Errorf("ARG BASE defaults to %q, want distroless", args["BASE"])
+	}
+	images := baseImages(t, stages, args, nil)
+	slices.Sort(images)
+	if want := []string{args["RUNTIME_IMAGE"], args["GO_IMAGE"]}; !slices.Equal(images, want) {
+		t.Errorf("the default build pulls %q, want the golang builder and the distroless runtime %q", images, want)
+	}
+	for _, im := range images {
+		if !pinned.MatchString(im) {
+			t.Errorf("base image %q is not pinned by digest (name:tag@sha256:<64 hex>)", im)
 		}
+	}
+	if !strings.Contains(args["GO_IMAGE"], "golang:") || !strings.Contains(args["RUNTIME_IMAGE"], "distroless/static") {
+		t.Errorf("GO_IMAGE %q, RUNTIME_IMAGE %q: want golang and distroless static", args["GO_IMAGE"], args["RUNTIME_IMAGE"])
+	}
+	if local := baseImages(t, stages, args, map[string]string{"BASE": "local"}); len(local) != 0 {
+		t.Errorf("BASE=local pulls %q, want nothing (a machine without a registry builds it)", local)
 	}
 
 	s, _ := config.SettingByFlag("http-addr")
@@ -105,6 +183,7 @@ func TestDockerfile(t *testing.T) {
 	if lm == nil {
 		t.Fatalf("the go build step %q has no -ldflags=\"...\"", build)
 	}
+	checkMakefileImageBuild(t, build, lm[1])
 	const rev = "0123456789abcdef0123456789abcdef01234567"
 	for _, tc := range []struct {
 		args map[string]string
@@ -132,5 +211,40 @@ func TestDockerfile(t *testing.T) {
 		if string(out) != want {
 			t.Errorf("built with -ldflags=%q, walcount --version says %q, want %q", flags, out, want)
 		}
+	}
+}
+
+// checkMakefileImageBuild checks that make image BASE=local builds the
+// binary as the Dockerfile's build stage does: without cgo, for linux,
+// -trimpath, and -ldflags that are the Dockerfile's with the Makefile's
+// variables for the build arguments.
+func checkMakefileImageBuild(t *testing.T, build, ldflags string) {
+	t.Helper()
+	b, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := string(b)
+	vars := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^(\w+) = (.*)$`).FindAllStringSubmatch(mk, -1) {
+		vars[m[1]] = m[2]
+	}
+	got := strings.NewReplacer(
+		"$(BUILDINFO)", vars["BUILDINFO"],
+		"$(GIT_VERSION)", "${VERSION}",
+		"$(GIT_REVISION)", "${REVISION}",
+		"$(GIT_MODIFIED)", "${MODIFIED}",
+	).Replace(vars["IMAGE_LDFLAGS"])
+	if got != ldflags {
+		t.Errorf("the Makefile's IMAGE_LDFLAGS are, with the Dockerfile's build arguments, %q; the Dockerfile's -ldflags are %q", got, ldflags)
+	}
+	local := regexp.MustCompile(`(?m)^.*\$\(GO\) build .*-ldflags "\$\(IMAGE_LDFLAGS\)".*$`).FindString(mk)
+	for _, f := range []string{"CGO_ENABLED=0", "GOOS=linux", "-trimpath", "./cmd/walcount"} {
+		if !strings.Contains(build, f) || !strings.Contains(local, f) {
+			t.Errorf("the Dockerfile's build %q and make image BASE=local's %q do not both have %s", build, local, f)
+		}
+	}
+	if !strings.Contains(local, "-o bin/image/walcount") {
+		t.Errorf("make image BASE=local builds %q, not into bin/image/walcount, which the Dockerfile copies", local)
 	}
 }
