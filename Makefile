@@ -3,7 +3,7 @@
 GO ?= go
 BIN = bin/walcount
 
-.PHONY: all build install image release-snapshot test-release deps deps-demo deps-bench test test-matrix pg lint demo bench clean
+.PHONY: all build install image test-image release-snapshot test-release deps deps-demo deps-bench test test-matrix pg lint demo bench clean
 
 all: build
 
@@ -59,6 +59,14 @@ image:
 	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg BASE=$(BASE) --build-arg VERSION=$(GIT_VERSION) \
 		--build-arg REVISION=$(GIT_REVISION) --build-arg MODIFIED=$(GIT_MODIFIED) -t walcount:$(IMAGE_TAG) .
 
+# test-image builds the image with BASE=local and runs it, and
+# docker-compose.yml's walcount services, on throwaway servers of this host
+# (deploy/image_test.go, TestImage): it needs a Docker engine (DOCKER_HOST)
+# with BuildKit and Debian's docker-compose. CI runs it once, on a dockerd
+# that scripts/docker-engine.sh starts.
+test-image:
+	DOCKER=$(DOCKER) WALCOUNT_TEST_IMAGE=1 $(GO) test -count=1 -timeout 15m -v -run 'TestImage$$' ./deploy
+
 # release-snapshot builds what a release ships into dist/, from this
 # checkout, publishing nothing: static linux and darwin binaries (amd64,
 # arm64) in tar.gz archives, .deb and .rpm packages with the systemd unit,
@@ -95,6 +103,7 @@ test: deps
 	@sh scripts/go-tool.sh helm >/dev/null
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 40m ./...
+	@[ -n "$$WALCOUNT_TEST_IMAGE" ] || echo "make test: the container image test (TestImage in ./deploy) was not run: it needs a Docker engine; make test-image runs it"
 
 # pg fetches the PostgreSQL server binaries of the given major versions
 # (14 to 18) into the cache internal/testkit/servers reads with WALCOUNT_TEST_PG, e.g.
