@@ -17,8 +17,9 @@ type composeFile struct {
 	} `yaml:"services"`
 }
 
-// TestComposePublishesOnLoopbackOnly reads docker-compose.yml as YAML (this
-// machine has no Docker engine to run `docker compose config`) and checks
+// TestComposePublishesOnLoopbackOnly reads docker-compose.yml as YAML (make
+// test runs without a Docker engine, and this machine has no compose v2 for
+// `docker compose config`; TestImage runs the walcount services) and checks
 // that every published port is bound to 127.0.0.1: the daemon's API
 // includes POST /v1/reconcile, and PostgreSQL's password is a default.
 func TestComposePublishesOnLoopbackOnly(t *testing.T) {

@@ -71,7 +71,7 @@ func mounts(t *testing.T, volumes []string) map[string]string {
 }
 
 // TestComposeMonitoring checks the compose file's Prometheus and Grafana as
-// far as this machine allows (no Docker engine): Prometheus's
+// far as this machine allows (their images cannot be pulled): Prometheus's
 // configuration, laid out as the container sees its mounts, passes
 // `promtool check config` with the alert rules loaded; it scrapes the
 // walcount service at the port its --http-addr names, as job "walcount",

@@ -9,10 +9,13 @@
 //   - helm/walcount: the Helm chart, checked with helm lint and helm
 //     template (the pinned helm of ../scripts/go-tool.sh); its
 //     files/alerts.yml is kept equal to prometheus/alerts.yml.
-//   - ../docker-compose.yml and ../Dockerfile are checked here too: with no
-//     Docker engine on the build machine, the tests parse them, check that
-//     every published port is bound to loopback, that base images are
-//     pinned by digest and that the image's build flags stamp its version.
+//   - ../docker-compose.yml and ../Dockerfile are checked here too: the
+//     tests parse them, check that every published port is bound to
+//     loopback, that base images are pinned by digest, that BASE=local
+//     pulls none and that the image's build flags stamp its version.
+//   - image_test.go (WALCOUNT_TEST_IMAGE=1, make test-image, with a Docker
+//     engine) builds the image with BASE=local and runs it, and the
+//     compose file's walcount services, on throwaway servers.
 //   - release_test.go (build tag release, make test-release) runs
 //     goreleaser and checks the archive, the packages and the binary.
 //
