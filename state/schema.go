@@ -107,8 +107,9 @@ func ReadVersion(ctx context.Context, q Querier) (int, error) {
 
 // CheckVersion returns nil when the state schema is the version this
 // walcount knows. Otherwise the error wraps ErrNotSetUp or ErrSchemaVersion
-// and names the fix: walcount setup for an older schema, a newer walcount
-// for a newer one.
+// and names the fix: walcount setup for an older schema (walcount run
+// migrates one by itself, see app/daemon's upgrade.go), a newer walcount
+// for a newer one (a *NewerError).
 func CheckVersion(ctx context.Context, q Querier) error {
 	v, err := ReadVersion(ctx, q)
 	if err != nil {
@@ -118,10 +119,28 @@ func CheckVersion(ctx context.Context, q Querier) error {
 	case v < Version:
 		return fmt.Errorf("%w: it is version %d, this walcount needs version %d: run walcount setup to migrate it (the checkpoint is kept)", ErrSchemaVersion, v, Version)
 	case v > Version:
-		return fmt.Errorf("%w: it is version %d, newer than this walcount knows (%d): run the walcount release that migrated it, or a newer one", ErrSchemaVersion, v, Version)
+		return &NewerError{Found: v}
 	}
 	return nil
 }
+
+// NewerError is the state schema of a newer walcount: this one must
+// neither read nor write it. It wraps ErrSchemaVersion and is of class
+// operator.NewerState (exit 2: restarting this binary never helps).
+type NewerError struct {
+	// Found is the schema's version.
+	Found int
+}
+
+func (e *NewerError) Error() string {
+	return fmt.Sprintf("%s: it is version %d, newer than this walcount knows (%d): run the walcount release that migrated it, or a newer one", ErrSchemaVersion, e.Found, Version)
+}
+
+// Unwrap returns ErrSchemaVersion.
+func (e *NewerError) Unwrap() error { return ErrSchemaVersion }
+
+// OperatorClass says a person must run a newer walcount.
+func (e *NewerError) OperatorClass() operator.Class { return operator.NewerState }
 
 // Migrate creates the state schema or brings it forward to Version, in one
 // transaction, and returns the versions it went from and to. It refuses a
@@ -160,7 +179,7 @@ func MigrateIn(ctx context.Context, tx pgx.Tx) (from, to int, err error) {
 		return 0, 0, fmt.Errorf("migrate state schema: %w", err)
 	}
 	if from > Version {
-		return from, from, fmt.Errorf("migrate state schema: %w: it is version %d, newer than this walcount knows (%d)", ErrSchemaVersion, from, Version)
+		return from, from, fmt.Errorf("migrate state schema: %w", &NewerError{Found: from})
 	}
 	if from == Version {
 		return from, from, nil

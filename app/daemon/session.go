@@ -66,6 +66,18 @@ type liveSession struct {
 // with cdc.ErrSlotInUse while another walcount holds it) and makes Redis
 // continue W (docs/design.md §4). Nothing is consumed yet.
 func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
+	silence := d.streamTimeout(ctx)
+	// An older state schema is migrated first, holding the slot
+	// (upgrade.go): the stream is then already open.
+	pre, err := d.upgradeState(ctx, silence)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if pre != nil {
+			pre.Close() // the session did not take it over
+		}
+	}()
 	// A schema of another version would be read or written wrongly, and
 	// a column another slot keeps would be counted twice.
 	if err := state.CheckVersion(ctx, d.pool); err != nil {
@@ -106,7 +118,48 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	if d.opt.replayFromSlot {
 		w = 0
 	}
-	silence := d.streamTimeout(ctx)
+	stream := pre
+	pre = nil
+	if stream == nil {
+		if stream, err = d.connectStream(ctx, w, silence); err != nil {
+			return nil, err
+		}
+	}
+	d.mu.Lock()
+	d.state.silentPID = 0
+	d.mu.Unlock()
+	s := &liveSession{d: d, flusher: flusher, stream: stream, silence: silence}
+	// Every new W goes to the stream's next status update once the
+	// standbys that must carry the slot have its flush (design rules 3
+	// and 16), W read at the start included, even when the stream was
+	// asked to start elsewhere (tests replaying from the slot's position).
+	s.gate = sink.NewStandbyGate(d.pool, stream.Ack, d.log)
+	if d.slotDB != d.pool {
+		// Decoding on a hot standby: a W is confirmed only once the
+		// standby replayed the flush that wrote it.
+		var standby bool
+		if err := d.slotDB.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); err != nil {
+			stream.Close()
+			return nil, fmt.Errorf("read pg_is_in_recovery() of the replication server: %w", err)
+		}
+		if standby {
+			s.gate.WaitReplay(d.slotDB)
+		}
+	}
+	flusher.SetAck(s.gate.Committed)
+	s.gate.Committed(flusher.W())
+	if s.start, err = d.recover(ctx, flusher, stream.History()); err != nil {
+		s.closeStream()
+		return nil, err
+	}
+	return s, nil
+}
+
+// connectStream takes the slot and starts streaming it from w. A slot in
+// use fails with cdc.ErrSlotInUse (or, when the walsender that holds it is
+// this daemon's own silent one, cdc.ErrStreamSilent), a lost one with the
+// slot's own row's words.
+func (d *Daemon) connectStream(ctx context.Context, w cdc.LSN, silence time.Duration) (*cdc.Stream, error) {
 	stream, err := cdc.Connect(ctx, cdc.StreamConfig{
 		ConnString:     d.cfg.ReplicationConnString(),
 		Slot:           d.cfg.Slot,
@@ -137,34 +190,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		}
 		return nil, err
 	}
-	d.mu.Lock()
-	d.state.silentPID = 0
-	d.mu.Unlock()
-	s := &liveSession{d: d, flusher: flusher, stream: stream, silence: silence}
-	// Every new W goes to the stream's next status update once the
-	// standbys that must carry the slot have its flush (design rules 3
-	// and 16), W read at the start included, even when the stream was
-	// asked to start elsewhere (tests replaying from the slot's position).
-	s.gate = sink.NewStandbyGate(d.pool, stream.Ack, d.log)
-	if d.slotDB != d.pool {
-		// Decoding on a hot standby: a W is confirmed only once the
-		// standby replayed the flush that wrote it.
-		var standby bool
-		if err := d.slotDB.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); err != nil {
-			stream.Close()
-			return nil, fmt.Errorf("read pg_is_in_recovery() of the replication server: %w", err)
-		}
-		if standby {
-			s.gate.WaitReplay(d.slotDB)
-		}
-	}
-	flusher.SetAck(s.gate.Committed)
-	s.gate.Committed(flusher.W())
-	if s.start, err = d.recover(ctx, flusher, stream.History()); err != nil {
-		s.closeStream()
-		return nil, err
-	}
-	return s, nil
+	return stream, nil
 }
 
 // closeStream sends the last status update and closes the replication

@@ -3,6 +3,8 @@ package preflight
 import (
 	"fmt"
 	"strings"
+
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // Refusal is the error Gate returns: the Problems that keep walcount from
@@ -37,6 +39,21 @@ func (r *Refusal) ConfigProblem() bool {
 		}
 	}
 	return false
+}
+
+// OperatorClass is the refusal's class for the exit status: Config when
+// the configuration must change, Privilege when a grant (or a login) must,
+// and None otherwise (a runtime problem, exit 1).
+func (r *Refusal) OperatorClass() operator.Class {
+	if r.ConfigProblem() {
+		return operator.Config
+	}
+	for _, p := range r.Problems {
+		if p.Cause == CauseAccess {
+			return operator.Privilege
+		}
+	}
+	return operator.None
 }
 
 // Error lists the problems, one per line, each with its fix.

@@ -94,6 +94,11 @@ const (
 	// CauseUnreachable means a server did not answer (see Unreachable):
 	// nothing needs to change but time, and walcount run waits for it.
 	CauseUnreachable
+	// CauseAccess means walcount's role or Redis user may not log in, or
+	// lacks a privilege: a person must grant it (the fix says what to
+	// run, and who). walcount check and run then exit 2, so that a
+	// supervisor does not restart walcount in vain.
+	CauseAccess
 )
 
 // Finding is the result of one check.
@@ -254,6 +259,12 @@ func (r *run) add(check string, sev Severity, msg, fix string) {
 func (r *run) configProblem(check, msg, fix string) {
 	r.add(check, Problem, msg, fix)
 	r.findings[len(r.findings)-1].Cause = CauseConfig
+}
+
+// accessProblem records a Problem that a grant fixes (CauseAccess).
+func (r *run) accessProblem(check, msg, fix string) {
+	r.add(check, Problem, msg, fix)
+	r.findings[len(r.findings)-1].Cause = CauseAccess
 }
 
 // setupProblem records a Problem that walcount setup fixes.

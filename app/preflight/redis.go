@@ -105,8 +105,11 @@ func (r *run) checkRedis() {
 		}
 		r.problem(CheckRedis, fmt.Sprintf("Redis at %s does not answer PING (URL from %s): %v", addr, r.cfg.OriginOf("redis_url"), err),
 			"start Redis, or set --redis-url (or WALCOUNT_REDIS_URL) to a reachable Redis")
-		if Unreachable(err) {
+		switch {
+		case Unreachable(err):
 			r.findings[len(r.findings)-1].Cause = CauseUnreachable
+		case refusedLogin(err):
+			r.findings[len(r.findings)-1].Cause = CauseAccess
 		}
 		return
 	}
@@ -247,7 +250,7 @@ func (r *run) redisACLProblem(p *aclProbe, opts redisconn.Options) {
 	msg := fmt.Sprintf("Redis user %s %s (%s)", p.user, strings.Join(what, " and "), p.first)
 	fix := fmt.Sprintf("ACL SETUSER %s %s (walcount's whole rule: ACL SETUSER %s %s; in an ACL file or on every node of a cluster)",
 		p.user, strings.Join(rules, " "), p.user, redisconn.ACLRules(opts))
-	r.problem(CheckRedisACL, msg, fix)
+	r.accessProblem(CheckRedisACL, msg, fix)
 }
 
 // aclProbe collects the permissions Redis refused.

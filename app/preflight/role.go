@@ -40,7 +40,7 @@ FROM pg_roles WHERE rolname = current_user`, emit).Scan(&super, &repl, &rdsRepl,
 		// connection below settles it.
 		r.ok(CheckRole, fmt.Sprintf("role %s is a member of rds_replication, which grants logical replication on Amazon RDS and Aurora (not REPLICATION itself: on another server a role of that name grants nothing, and the replication connection check says whether it works)", r.user))
 	default:
-		r.problem(CheckRole,
+		r.accessProblem(CheckRole,
 			fmt.Sprintf("role %s has neither REPLICATION nor SUPERUSER: it cannot create or stream from a replication slot", r.user),
 			fmt.Sprintf("ALTER ROLE %s REPLICATION;", role))
 	}
@@ -54,7 +54,7 @@ FROM pg_roles WHERE rolname = current_user`, emit).Scan(&super, &repl, &rdsRepl,
 	if canEmit {
 		r.ok(CheckEmitMessage, fmt.Sprintf("role %s may call pg_logical_emit_message (heartbeats, reconcile markers)", r.user))
 	} else {
-		r.problem(CheckEmitMessage,
+		r.accessProblem(CheckEmitMessage,
 			fmt.Sprintf("role %s may not call pg_logical_emit_message: no heartbeats, so an idle slot pins WAL, and no reconcile", r.user),
 			fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s;", emit, role))
 	}
@@ -63,7 +63,7 @@ FROM pg_roles WHERE rolname = current_user`, emit).Scan(&super, &repl, &rdsRepl,
 		if canCreate {
 			r.ok(CheckCreateSchema, fmt.Sprintf("role %s may create schema walcount in database %s", r.user, r.database))
 		} else {
-			r.problem(CheckCreateSchema,
+			r.accessProblem(CheckCreateSchema,
 				fmt.Sprintf("schema walcount does not exist and role %s may not create schemas in database %s", r.user, r.database),
 				fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s;", r.ident(r.database), role))
 		}
@@ -99,6 +99,9 @@ func (r *run) checkReplicationConn() {
 			return
 		}
 		r.problem(CheckReplicationConn, fmt.Sprintf("cannot open a replication connection: %v", err), fix)
+		if refusedLogin(err) {
+			r.findings[len(r.findings)-1].Cause = CauseAccess
+		}
 		return
 	}
 	defer conn.Close(r.ctx)

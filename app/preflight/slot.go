@@ -87,7 +87,7 @@ func (r *run) checkSlot() error {
 // hasCheckpoint reports whether walcount's state holds a checkpoint for
 // the slot: walcount was set up for it.
 func (r *run) hasCheckpoint() bool {
-	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
+	if v, err := state.ReadVersion(r.ctx, r.conn); err != nil || v > state.Version {
 		return false
 	}
 	_, err := state.ReadCheckpoint(r.ctx, r.conn, r.cfg.Slot)
@@ -112,17 +112,19 @@ func (r *run) checkCheckpoint() error {
 		if access.Usage {
 			msg = fmt.Sprintf("role %s may not use walcount's state: it lacks %s", r.user, strings.Join(access.Missing, "; "))
 		}
-		r.problem(CheckCheckpoint, msg, state.AccessGrants(r.ident(r.user)))
+		r.accessProblem(CheckCheckpoint, msg, state.AccessGrants(r.ident(r.user)))
 		return nil
 	}
 
 	if err := state.CheckVersion(r.ctx, r.conn); err != nil {
-		if errors.Is(err, state.ErrSchemaVersion) && strings.Contains(err.Error(), "newer") {
-			r.problem(CheckCheckpoint, err.Error(), "upgrade walcount")
-		} else {
-			r.setupProblem(CheckCheckpoint, err.Error(), "walcount setup")
+		var newer *state.NewerError
+		if errors.As(err, &newer) {
+			r.configProblem(CheckCheckpoint, err.Error(), "upgrade walcount")
+			return nil
 		}
-		return nil
+		if done := r.checkOlderSchema(err); done {
+			return nil
+		}
 	}
 	w, err := state.ReadCheckpoint(r.ctx, r.conn, r.cfg.Slot)
 	if errors.Is(err, state.ErrNoCheckpoint) {
@@ -144,6 +146,33 @@ func (r *run) checkCheckpoint() error {
 	}
 	r.ok(CheckCheckpoint, fmt.Sprintf("walcount.checkpoint of slot %s is at %s", r.cfg.Slot, lsnText))
 	return nil
+}
+
+// checkOlderSchema reports a state schema older than this walcount's
+// (err is CheckVersion's): walcount run migrates it at start when its role
+// may (a warning), and a person must when it may not (a problem with the
+// statements and the role that runs them). It returns false when the
+// checkpoint is to be checked still.
+func (r *run) checkOlderSchema(err error) bool {
+	from, verr := state.ReadVersion(r.ctx, r.conn)
+	if verr != nil || from >= state.Version {
+		r.setupProblem(CheckCheckpoint, err.Error(), "walcount setup")
+		return true
+	}
+	m, merr := state.ReadMigrator(r.ctx, r.conn)
+	if merr != nil {
+		_ = r.queryFailed(CheckCheckpoint, "the owner of schema walcount", merr)
+		return true
+	}
+	if !m.May {
+		perr := &state.MigrationPrivilegeError{From: from, Migrator: m, Statements: state.UpgradeScript(from, m.Role, r.cfg.Publication)}
+		r.accessProblem(CheckCheckpoint, fmt.Sprintf("walcount's state schema is version %d and this walcount needs version %d; role %s may not migrate it (schema walcount and its tables are owned by %s)", from, state.Version, m.Role, m.Owner),
+			fmt.Sprintf("as role %s: walcount setup, or these statements in one transaction: %s", m.Owner, strings.ReplaceAll(state.Script(perr.Statements), "\n", " ")))
+		return true
+	}
+	r.warn(CheckCheckpoint, fmt.Sprintf("walcount's state schema is version %d; walcount run migrates it to version %d when it takes the slot, keeping the checkpoint and every carried delta", from, state.Version),
+		"nothing: walcount run does it (walcount setup does too)")
+	return false
 }
 
 // checkOwnership checks that this slot keeps the counters' columns and no

@@ -690,7 +690,7 @@ func (r *run) checkPrivileges(c counter.Counter, src, tgt *table, prefix string)
 	}
 
 	if len(missing) > 0 {
-		r.problem(CheckPrivilege, fmt.Sprintf("%srole %s lacks %s", prefix, r.user, strings.Join(missing, ", ")), strings.Join(fixes, " "))
+		r.accessProblem(CheckPrivilege, fmt.Sprintf("%srole %s lacks %s", prefix, r.user, strings.Join(missing, ", ")), strings.Join(fixes, " "))
 		return nil
 	}
 	r.ok(CheckPrivilege, fmt.Sprintf("%srole %s may read %s and update %s.%s", prefix, r.user, src.sql, tgt.sql, r.ident(c.Column)))
@@ -1001,7 +1001,7 @@ func (r *run) checkCreateMissing() error {
 		}
 		if len(lacking) > 0 {
 			ok = false
-			r.problem(CheckPrivilege, fmt.Sprintf("%s: role %s lacks INSERT on %s (%s), which creating missing rows needs",
+			r.accessProblem(CheckPrivilege, fmt.Sprintf("%s: role %s lacks INSERT on %s (%s), which creating missing rows needs",
 				who, r.user, g.tgt.sql, strings.Join(lacking, ", ")),
 				fmt.Sprintf("GRANT INSERT (%s) ON %s TO %s;", strings.Join(lacking, ", "), g.tgt.sql, r.ident(r.user)))
 		}

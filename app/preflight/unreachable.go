@@ -44,6 +44,23 @@ func Unreachable(err error) bool {
 		errors.Is(err, context.DeadlineExceeded)
 }
 
+// refusedLogin reports whether err is a server's refusal of walcount's
+// credentials: PostgreSQL's invalid_password or
+// invalid_authorization_specification (pg_hba.conf), Redis's WRONGPASS or
+// NOAUTH. A person must change a password, a role or pg_hba.conf.
+func refusedLogin(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "28P01" || pgErr.Code == "28000"
+	}
+	for _, reply := range []string{"WRONGPASS", "NOAUTH"} {
+		if strings.Contains(err.Error(), reply) {
+			return true
+		}
+	}
+	return false
+}
+
 // Unreachable reports whether every problem of the refusal is a server
 // that did not answer (CauseUnreachable): walcount run then waits and
 // checks again instead of exiting.

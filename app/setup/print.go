@@ -122,7 +122,7 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 	}
 	switch {
 	case from > state.Version:
-		return fmt.Errorf("%w: it is version %d, newer than this walcount knows (%d)", state.ErrSchemaVersion, from, state.Version)
+		return &state.NewerError{Found: from}
 	case from == state.Version:
 		p.comment("1. walcount's state schema is at version %d, owned by %s: nothing to do.", from, stateOwner)
 	default:

@@ -25,12 +25,14 @@ fix. --json prints them as one JSON object instead:
    "problems": 1, "warnings": 1, "exit_code": 1}
 
 cause says what must change for a problem: "config" (walcount's
-configuration), "setup" (walcount setup creates it) or "environment" (the
-database, Redis or the server settings). When check cannot run at all (no
+configuration), "setup" (walcount setup creates it), "access" (a grant, a
+password or pg_hba.conf: walcount's role or Redis user may not do what it
+needs) or "environment" (the database, Redis or the server settings). When check cannot run at all (no
 PostgreSQL answers), --json prints {"error": "...", "exit_code": 1}.
 
 Exit status: 0 no problem (warnings allowed), 1 a problem walcount run would
-refuse to start with, 2 a problem only the configuration can fix.`,
+refuse to start with, 2 a problem only a person can fix: the configuration,
+a grant or a login, or a state schema of a newer walcount.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load(cmd)
 			if err != nil {
@@ -94,7 +96,7 @@ func newCheckReport(findings []preflight.Finding, code int) checkReport {
 			r.Warnings++
 		case preflight.Problem:
 			r.Problems++
-			cf.Cause = map[preflight.Cause]string{preflight.CauseConfig: "config", preflight.CauseSetup: "setup"}[f.Cause]
+			cf.Cause = map[preflight.Cause]string{preflight.CauseConfig: "config", preflight.CauseSetup: "setup", preflight.CauseAccess: "access"}[f.Cause]
 			if cf.Cause == "" {
 				cf.Cause = "environment"
 			}

@@ -11,19 +11,20 @@ import (
 	"syscall"
 
 	"github.com/walcount/walcount/app/config"
-	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/internal/operator"
 )
 
 // Exit codes (docs/design.md §6), as README.md states them for scripts.
 const (
 	exitOK = 0
-	// exitFailure is a runtime problem: a server that does not answer, a
-	// database walcount cannot run against, a warning of walcount status.
+	// exitFailure is a runtime problem, which a restart may cure: a
+	// server that does not answer, a database walcount cannot run against
+	// yet, a warning of walcount status.
 	exitFailure = 1
-	// exitUsage is a usage or configuration error: an unknown command or
+	// exitUsage is what only a person can fix: an unknown command or
 	// flag, a bad setting, a preflight problem only the configuration can
-	// fix.
+	// fix, a refused login, a missing privilege, a newer state schema.
 	exitUsage = 2
 	// exitDrift is walcount reconcile --dry-run's status when it found
 	// drift. It is neither 1, which says the reconciliation could not
@@ -63,19 +64,23 @@ func exitCode(err error) int {
 	return exitStatus(err)
 }
 
-// exitStatus maps an error to the exit code scripts may rely on: 2 for a
-// usage or configuration error, a preflight refusal the configuration must
-// fix included, and 1 for everything else.
+// exitStatus maps an error to the exit code scripts and supervisors may
+// rely on (README.md, "Exit codes"): 2 for what only a person can fix, so
+// that a supervisor does not restart walcount in vain (a usage or
+// configuration error, a refused login, a missing privilege, a state
+// schema of a newer walcount: every operator.Class but None), and 1 for
+// everything else, which a restart may cure (a server down).
 func exitStatus(err error) int {
 	var cfgErr *config.Error
 	var ue usageError
-	var ref *preflight.Refusal
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &cfgErr), errors.As(err, &ue):
 		return exitUsage
-	case errors.As(err, &ref) && ref.ConfigProblem():
+	case operator.ClassOf(err) != operator.None:
+		// A *preflight.Refusal says its class (configuration or
+		// privilege), and so do the state schema's errors.
 		return exitUsage
 	case errors.Is(err, buffer.ErrOtherDeployment):
 		// Two deployments share a Redis and a slot name: the
