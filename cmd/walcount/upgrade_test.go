@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/state"
+	"github.com/walcount/walcount/internal/testkit/testenv"
+)
+
+// upgradeCLI is a deployment whose state is rewritten to an older schema
+// version, as an older walcount left it.
+type upgradeCLI struct {
+	*cli
+	addr string
+}
+
+func newUpgradeCLI(t *testing.T) *upgradeCLI {
+	t.Helper()
+	c := newCLI(t, testenv.Database(t), goodSchema+"\nINSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;")
+	if code, _ := c.run("setup"); code != exitOK {
+		t.Fatalf("setup: exit %d", code)
+	}
+	return &upgradeCLI{cli: c, addr: unusedAddr(t)}
+}
+
+// env is the environment of this deployment's walcount run.
+func (c *upgradeCLI) env(flushInterval string, extra ...string) []string {
+	return append([]string{
+		"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + c.redis, "WALCOUNT_SLOT=" + c.slot,
+		"WALCOUNT_HTTP_ADDR=" + c.addr, "WALCOUNT_FLUSH_INTERVAL=" + flushInterval,
+	}, extra...)
+}
+
+func (c *upgradeCLI) exec(sql string, args ...any) {
+	c.t.Helper()
+	if _, err := c.conn.Exec(context.Background(), sql, args...); err != nil {
+		c.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// like inserts n likes over the 20 posts.
+func (c *upgradeCLI) like(n int) {
+	c.t.Helper()
+	c.exec(`INSERT INTO likes (post_id) SELECT 1 + g % 20 FROM generate_series(1, $1) g`, n)
+}
+
+// offPosts is the query of the posts whose count is not the truth.
+const offPosts = `SELECT count(*) FROM posts p WHERE likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id)`
+
+// bufferedSum is the sum of the deltas of counter post_likes in the
+// slot's Redis buffer.
+func (c *upgradeCLI) bufferedSum() (int64, error) {
+	opt, err := redis.ParseURL(c.redis)
+	if err != nil {
+		return 0, err
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	fields, err := rdb.HGetAll(context.Background(), "walcount:{"+c.slot+"}:buffer").Result()
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for f, v := range fields {
+		if strings.HasPrefix(f, buffer.StampField) {
+			continue // the chain's stamp and lifecycle moves
+		}
+		if !strings.HasPrefix(f, "post_likes:") {
+			return 0, fmt.Errorf("unexpected field %q in the buffer", f)
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("field %s: %w", f, err)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// leaveBufferedDeltas runs a walcount that never flushes, makes likes and
+// unlikes, waits until its Redis buffer holds them (want, summed) and
+// kills it with SIGKILL: deltas past W are in Redis and nowhere else but
+// the WAL.
+func (c *upgradeCLI) leaveBufferedDeltas(likes, unlikes int) {
+	c.t.Helper()
+	p := startWalcount(c.t, c.env("1h"), "run")
+	waitStreaming(c.t, p, c.addr)
+	c.like(likes)
+	c.exec(`DELETE FROM likes WHERE id IN (SELECT id FROM likes ORDER BY id DESC LIMIT $1)`, unlikes)
+	want := int64(likes - unlikes)
+	poll(c.t, "the deltas to be buffered in Redis", func() (bool, string) {
+		got, err := c.bufferedSum()
+		if err != nil {
+			return false, err.Error()
+		}
+		return got == want, fmt.Sprintf("buffered %d of %d; column sum %d", got, want, c.count(`SELECT sum(likes_count) FROM posts`))
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		c.t.Fatal(err)
+	}
+	<-p.done
+}
+
+// stateRows is what an older walcount kept of this deployment.
+type stateRows struct {
+	w                   string
+	definition          string
+	backfilled          *time.Time
+	ownerTable, ownerCo string
+}
+
+// downgradeState rewrites walcount's state to schema version v from its
+// testdata (state/testdata/schema_vN.sql), keeping what that version
+// held: W, the counter's backfilled definition, the column's claim (v2
+// on), walcount.messages in the publication (v3 on, as setup published
+// it). It returns W.
+func (c *upgradeCLI) downgradeState(v int) string {
+	c.t.Helper()
+	ctx := context.Background()
+	var r stateRows
+	if err := c.conn.QueryRow(ctx, `SELECT lsn::text FROM walcount.checkpoint WHERE slot_name = $1`, c.slot).Scan(&r.w); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.conn.QueryRow(ctx, `SELECT definition, backfilled_at FROM walcount.counters WHERE slot_name = $1 AND name = 'post_likes'`, c.slot).Scan(&r.definition, &r.backfilled); err != nil {
+		c.t.Fatalf("the counter's backfill record: %v", err)
+	}
+	if err := c.conn.QueryRow(ctx, `SELECT target_table, target_column FROM walcount.owners WHERE slot_name = $1`, c.slot).Scan(&r.ownerTable, &r.ownerCo); err != nil {
+		c.t.Fatal(err)
+	}
+	ddl, err := os.ReadFile(filepath.Join("..", "..", "state", "testdata", fmt.Sprintf("schema_v%d.sql", v)))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
+		stmts := []string{`DROP SCHEMA walcount CASCADE`, string(ddl)}
+		for _, s := range stmts {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return fmt.Errorf("%.60s: %w", s, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO walcount.checkpoint (slot_name, lsn, updated_at) VALUES ($1, $2, now())`, c.slot, r.w); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, 'post_likes', $2, $3)`, c.slot, r.definition, r.backfilled); err != nil {
+			return err
+		}
+		if v >= 2 {
+			if _, err := tx.Exec(ctx, `UPDATE walcount.checkpoint SET publication = 'walcount' WHERE slot_name = $1`, c.slot); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO walcount.owners (target_table, target_column, slot_name, counter) VALUES ($1, $2, $3, 'post_likes')`, r.ownerTable, r.ownerCo, c.slot); err != nil {
+				return err
+			}
+		}
+		if v >= 3 {
+			if _, err := tx.Exec(ctx, `ALTER PUBLICATION walcount ADD TABLE walcount.messages`); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		c.t.Fatalf("rewrite the state to version %d: %v", v, err)
+	}
+	return r.w
+}
+
+// TestUpgradeFromEveryStateSchema upgrades a deployment from every state
+// schema a walcount shipped (state/testdata) the way a package upgrade
+// does: the old walcount was killed with deltas buffered in Redis (and,
+// from version 4 on, a delta carried in walcount.carried, its row still
+// short of it), changes went on while nothing ran, and today's walcount
+// run starts on the same database and Redis. It migrates the schema by
+// itself, keeps W, the buffer and the carried delta, and every count is
+// exact, with no reconciliation to hide a lost delta. Before, run refused
+// with exit 1 until someone ran walcount setup.
+func TestUpgradeFromEveryStateSchema(t *testing.T) {
+	t.Parallel()
+	for v := 0; v < state.Version; v++ {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
+			t.Parallel()
+			c := newUpgradeCLI(t)
+			c.like(60)
+			p := startWalcount(t, c.env("100ms"), "run")
+			waitStreaming(t, p, c.addr)
+			c.settlesExact(offPosts, "posts")
+			poll(t, "the counter's backfill to be recorded", func() (bool, string) {
+				n := c.count(`SELECT count(*) FROM walcount.counters WHERE slot_name = $1 AND backfilled_at IS NOT NULL`, c.slot)
+				return n == 1, fmt.Sprintf("%d counters backfilled", n)
+			})
+			if code := p.stop(); code != exitOK {
+				t.Fatalf("the first walcount exited %d", code)
+			}
+			c.leaveBufferedDeltas(40, 5)
+			w := c.downgradeState(v)
+			if v >= 4 {
+				// A flush that could not lock post 5's row carried 3 of
+				// its likes: the column is 3 short, the carried row
+				// holds them.
+				c.exec(`UPDATE posts SET likes_count = likes_count - 3 WHERE id = 5`)
+				c.exec(`INSERT INTO walcount.carried (slot_name, counter, key, delta) VALUES ($1, 'post_likes', '5', 3)`, c.slot)
+			}
+			c.like(30) // while no walcount runs
+
+			p = startWalcount(t, c.env("100ms"), "run")
+			waitStreaming(t, p, c.addr)
+			c.like(10) // and after
+			c.settlesExact(offPosts, "posts")
+			if code := p.stop(); code != exitOK {
+				t.Fatalf("today's walcount exited %d", code)
+			}
+			logs := p.stderr.String()
+			if !strings.Contains(logs, "migrated walcount's state schema") || !strings.Contains(logs, fmt.Sprintf(`"from_version":%d`, v)) {
+				t.Errorf("the log does not say the schema was migrated from version %d", v)
+			}
+			for _, reset := range []string{"discarding it", "resetting it", "session failed"} {
+				if strings.Contains(logs, reset) {
+					t.Errorf("today's walcount logged %q: the old buffer was not kept", reset)
+				}
+			}
+			if n := c.count(`SELECT count(*) FROM walcount.reconcile_runs`); n != 0 {
+				t.Errorf("%d reconciliation runs: the counts must be exact from the checkpoint, the buffer and the carried rows alone", n)
+			}
+			if n := c.count(`SELECT max(version) FROM walcount.schema_version`); n != state.Version {
+				t.Errorf("state schema version %d after the upgrade, want %d", n, state.Version)
+			}
+			if n := c.count(`SELECT count(*) FROM walcount.checkpoint WHERE slot_name = $1 AND lsn > $2::pg_lsn`, c.slot, w); n != 1 {
+				t.Errorf("W did not move on from the old walcount's %s", w)
+			}
+			if n := c.count(`SELECT count(*) FROM pg_publication_tables WHERE pubname = 'walcount' AND schemaname = 'walcount' AND tablename = 'messages'`); n != 1 {
+				t.Errorf("walcount.messages is not in the publication after the upgrade")
+			}
+			if n := c.count(`SELECT count(*) FROM walcount.carried`); n != 0 {
+				t.Errorf("%d carried rows left", n)
+			}
+		})
+	}
+}
