@@ -104,11 +104,23 @@ func (e *MigrationPrivilegeError) Unwrap() error { return ErrSchemaVersion }
 // OperatorClass says a person must run the statements.
 func (e *MigrationPrivilegeError) OperatorClass() operator.Class { return operator.Privilege }
 
-// Script renders statements one per line, each ended by a semicolon.
+// Script renders statements one per line, each ended by a semicolon,
+// without the migrations' comment lines, so that it may be run as it is
+// or folded onto one line.
 func Script(statements []string) string {
 	var b strings.Builder
 	for _, s := range statements {
-		b.WriteString(strings.TrimRight(strings.TrimSpace(s), ";") + ";\n")
+		var lines []string
+		for _, l := range strings.Split(s, "\n") {
+			if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "--") {
+				lines = append(lines, t)
+			}
+		}
+		for _, stmt := range strings.Split(strings.Join(lines, " "), ";") {
+			if stmt = strings.TrimSpace(stmt); stmt != "" {
+				b.WriteString(stmt + ";\n")
+			}
+		}
 	}
 	return strings.TrimRight(b.String(), "\n")
 }

@@ -248,3 +248,79 @@ func TestUpgradeFromEveryStateSchema(t *testing.T) {
 		})
 	}
 }
+
+// TestUpgradeNeedsTheStateOwner: the state schema (version 2) belongs to
+// another role than walcount's, which has only the grants it runs with (a
+// real CREATE ROLE). walcount run, with and without its preflight, stops
+// with exit 2, which a supervisor does not restart, naming the owner and
+// the exact statements, and changes nothing. The owner runs those
+// statements as printed; then walcount starts and every count is exact.
+func TestUpgradeNeedsTheStateOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := newUpgradeCLI(t)
+	c.like(50)
+	p := startWalcount(t, c.env("100ms"), "run")
+	waitStreaming(t, p, c.addr)
+	c.settlesExact(offPosts, "posts")
+	poll(t, "the counter's backfill to be recorded", func() (bool, string) {
+		n := c.count(`SELECT count(*) FROM walcount.counters WHERE slot_name = $1 AND backfilled_at IS NOT NULL`, c.slot)
+		return n == 1, fmt.Sprintf("%d counters backfilled", n)
+	})
+	if code := p.stop(); code != exitOK {
+		t.Fatalf("the first walcount exited %d", code)
+	}
+	c.downgradeState(2)
+	c.like(20)
+
+	role := fmt.Sprintf("upg_walcount_%d_%d", os.Getpid(), slotSeq.Add(1))
+	for _, sql := range []string{
+		"CREATE ROLE " + role + " LOGIN REPLICATION",
+		"GRANT USAGE ON SCHEMA walcount TO " + role,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA walcount TO " + role,
+		"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA walcount TO " + role,
+		"GRANT SELECT ON likes TO " + role, "GRANT SELECT, UPDATE (likes_count) ON posts TO " + role,
+	} {
+		c.exec(sql)
+	}
+	t.Cleanup(func() {
+		_, _ = c.conn.Exec(context.Background(), "DROP OWNED BY "+role+" CASCADE")
+		_, _ = c.conn.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	asRole := strings.Replace(c.db, "postgres@", role+"@", 1)
+	env := c.env("100ms", "WALCOUNT_DATABASE_URL="+asRole)
+
+	code, _, stderr := walcount(t, env, "run")
+	if code != exitUsage || !strings.Contains(stderr, "may not migrate it") || !strings.Contains(stderr, "as role postgres") ||
+		!strings.Contains(stderr, "CREATE TABLE walcount.messages") || !strings.Contains(stderr, `ALTER PUBLICATION "walcount" ADD TABLE walcount.messages`) {
+		t.Errorf("run as a role that may not migrate: exit %d, want %d naming the owner and the statements", code, exitUsage)
+	}
+	code, _, stderr = walcount(t, env, "run", "--skip-check")
+	const intro = "then start walcount again:\n"
+	i := strings.Index(stderr, intro)
+	if code != exitUsage || i < 0 || !strings.Contains(stderr, "Have role postgres (the owner of schema walcount)") {
+		t.Fatalf("run --skip-check as a role that may not migrate: exit %d, want %d with the owner's statements", code, exitUsage)
+	}
+	if n := c.count(`SELECT max(version) FROM walcount.schema_version`); n != 2 {
+		t.Fatalf("the refused migration changed the schema to version %d", n)
+	}
+
+	// The owner runs the statements exactly as printed.
+	script := strings.TrimSpace(stderr[i+len(intro):])
+	if err := pgx.BeginFunc(ctx, c.conn, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, script)
+		return err
+	}); err != nil {
+		t.Fatalf("the owner runs the printed statements: %v\n%s", err, script)
+	}
+	p = startWalcount(t, env, "run")
+	waitStreaming(t, p, c.addr)
+	c.like(10)
+	c.settlesExact(offPosts, "posts")
+	if code := p.stop(); code != exitOK {
+		t.Errorf("walcount after the owner's statements exited %d", code)
+	}
+	if strings.Contains(p.stderr.String(), "migrated walcount's state schema") {
+		t.Errorf("walcount migrated again what the owner had migrated")
+	}
+}
