@@ -159,8 +159,7 @@ func (d *Daemon) migrate(ctx context.Context) error {
 
 func (d *Daemon) logMigrated(from, to int) {
 	if from < to {
-		d.log.Info("migrated walcount's state schema", zap.Int("from_version", from), zap.Int("to_version", to),
-			zap.String("slot", d.cfg.Slot))
+		d.log.Info("migrated walcount's state schema", zap.Int("from_version", from), zap.Int("to_version", to))
 	}
 }
 

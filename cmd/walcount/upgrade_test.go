@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/walcount/walcount/buffer"
-	"github.com/walcount/walcount/state"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/state"
 )
 
 // upgradeCLI is a deployment whose state is rewritten to an older schema
