@@ -58,8 +58,10 @@ func TestConnectionErrors(t *testing.T) {
 	}
 	t.Run("wrong password", func(t *testing.T) {
 		t.Parallel()
-		for _, cmd := range []string{"check", "status", "setup"} {
-			expect(t, nil, []string{cmd, "--database-url", wrongPassword, "--redis-url", c.redis, "--slot", c.slot, "--http-addr", ""}, exitFailure,
+		// A refused login only a person can fix: exit 2, which a
+		// supervisor does not restart (run included).
+		for _, cmd := range []string{"check", "status", "setup", "run"} {
+			expect(t, nil, []string{cmd, "--database-url", wrongPassword, "--redis-url", c.redis, "--slot", c.slot, "--http-addr", ""}, exitUsage,
 				[]string{`password authentication failed for user "pwuser"`, "URL from flag --database-url", `fix: correct the user or password`, `ALTER ROLE "pwuser" PASSWORD`},
 				"password authentication failed")
 		}
