@@ -13,8 +13,11 @@
 //
 // The schema is created and migrated forward by `walcount setup`
 // (Migrate), from SQL files embedded in the binary; a version row records
-// how far. The daemon, check and status only read it, and refuse a schema
-// of another version with the command that fixes it (CheckVersion).
+// how far. walcount run migrates an older schema too, while it holds the
+// slot (app/daemon's upgrade.go), or says what the schema's owner must run
+// (MigrationPrivilegeError). check and status only read it. Every command
+// refuses a schema newer than it knows (NewerError). testdata/ keeps the
+// DDL of every version a walcount has made.
 //
 // The package is walcount's own code, not a stable API: it is importable
 // only because Go makes a top-level package so.

@@ -35,8 +35,10 @@ Every setting comes from the first of: its flag, its environment variable
 (WALCOUNT_ and the flag's name, e.g. WALCOUNT_HTTP_ADDR), the config file,
 the default.
 
-Exit status: 0 success, 1 a runtime problem, 2 a usage or configuration
-error; walcount reconcile --dry-run exits 3 when it found drift.`,
+Exit status: 0 success, 1 a runtime problem (a restart may cure it), 2 what
+only a person can fix: a usage or configuration error, a refused login, a
+missing privilege, the state schema of a newer walcount; walcount reconcile
+--dry-run exits 3 when it found drift.`,
 		Version:       buildinfo.Get().Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
