@@ -117,7 +117,7 @@ func CheckVersion(ctx context.Context, q Querier) error {
 	}
 	switch {
 	case v < Version:
-		return fmt.Errorf("%w: it is version %d, this walcount needs version %d: run walcount setup to migrate it (the checkpoint is kept)", ErrSchemaVersion, v, Version)
+		return fmt.Errorf("%w: it is version %d, this walcount needs version %d: walcount run migrates it once it holds the slot, or run walcount setup to migrate it (the checkpoint is kept)", ErrSchemaVersion, v, Version)
 	case v > Version:
 		return &NewerError{Found: v}
 	}
