@@ -324,3 +324,67 @@ func TestUpgradeNeedsTheStateOwner(t *testing.T) {
 		t.Errorf("walcount migrated again what the owner had migrated")
 	}
 }
+
+// TestUpgradeWithTheOwnersPublication: walcount's role owns its state
+// (version 2) but not the publication, as the owner-prepared setup of
+// docs/operations.md leaves them. walcount run migrates its state, keeps
+// it, and stops with exit 2 and the one statement the publication's owner
+// must run: walcount.messages added to the publication. Once the owner ran
+// it, walcount starts and every count is exact.
+func TestUpgradeWithTheOwnersPublication(t *testing.T) {
+	t.Parallel()
+	c := newUpgradeCLI(t)
+	c.like(40)
+	p := startWalcount(t, c.env("100ms"), "run")
+	waitStreaming(t, p, c.addr)
+	c.settlesExact(offPosts, "posts")
+	poll(t, "the counter's backfill to be recorded", func() (bool, string) {
+		n := c.count(`SELECT count(*) FROM walcount.counters WHERE slot_name = $1 AND backfilled_at IS NOT NULL`, c.slot)
+		return n == 1, fmt.Sprintf("%d counters backfilled", n)
+	})
+	if code := p.stop(); code != exitOK {
+		t.Fatalf("the first walcount exited %d", code)
+	}
+	c.downgradeState(2)
+	c.like(15)
+
+	role := fmt.Sprintf("upg_own_%d_%d", os.Getpid(), slotSeq.Add(1))
+	c.exec("CREATE ROLE " + role + " LOGIN REPLICATION")
+	t.Cleanup(func() {
+		_, _ = c.conn.Exec(context.Background(), "DROP OWNED BY "+role+" CASCADE")
+		_, _ = c.conn.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	// The state is the role's own; the app's tables and the publication
+	// stay postgres's.
+	c.exec(`DO $$DECLARE r record; BEGIN
+  EXECUTE format('ALTER SCHEMA walcount OWNER TO %I', '` + role + `');
+  FOR r IN SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = 'walcount' AND c.relkind = 'r' LOOP
+    EXECUTE format('ALTER TABLE walcount.%I OWNER TO %I', r.relname, '` + role + `');
+  END LOOP; END$$`)
+	c.exec("GRANT SELECT ON likes TO " + role + "; GRANT SELECT, UPDATE (likes_count) ON posts TO " + role)
+	env := c.env("100ms", "WALCOUNT_DATABASE_URL="+strings.Replace(c.db, "postgres@", role+"@", 1))
+
+	code, _, stderr := walcount(t, env, "run")
+	const intro = "then start walcount again:\n"
+	i := strings.Index(stderr, intro)
+	if code != exitUsage || i < 0 || !strings.Contains(stderr, "have role postgres (the owner of the publication") {
+		t.Fatalf("run as the state's owner without the publication: exit %d, want %d with the publication owner's statement", code, exitUsage)
+	}
+	if n := c.count(`SELECT max(version) FROM walcount.schema_version`); n != state.Version {
+		t.Errorf("the state schema is at version %d, want it migrated to %d by walcount's own role", n, state.Version)
+	}
+	stmt := strings.TrimSpace(stderr[i+len(intro):])
+	if stmt != `ALTER PUBLICATION "walcount" ADD TABLE walcount.messages;` {
+		t.Errorf("the owner's statement is %q", stmt)
+	}
+	c.exec(stmt)
+
+	p = startWalcount(t, env, "run")
+	waitStreaming(t, p, c.addr)
+	c.like(10)
+	c.settlesExact(offPosts, "posts")
+	if code := p.stop(); code != exitOK {
+		t.Errorf("walcount after the owner's statement exited %d", code)
+	}
+}
