@@ -148,6 +148,14 @@ func (d *Daemon) markCountersDirty(names []string, cause string) error {
 func (d *Daemon) recreateSlot(ctx context.Context, cause error) error {
 	d.log.Warn("the replication slot is lost or missing; recreating it (on_slot_loss: recreate): every counter is marked dirty and reconciled",
 		zap.Error(redactedError{cause}))
+	// The dirty marks need a state schema of version 2 or later. No
+	// walcount streams a lost slot, so this one may migrate an older
+	// schema now (upgrade.go).
+	if from, err := state.ReadVersion(ctx, d.pool); err == nil && from < state.Version {
+		if err := d.migrate(ctx); err != nil {
+			return err
+		}
+	}
 	// The slot is dropped and made where it lives (d.slotDB, a hot
 	// standby that decodes included); the checkpoint is on the primary.
 	sconn, err := d.slotDB.Acquire(ctx)

@@ -89,6 +89,24 @@ func (c *upgradeCLI) bufferedSum() (int64, error) {
 	return sum, nil
 }
 
+// firstRun counts likes with today's walcount until every post is exact
+// and the counter's backfill is recorded, then stops it: the deployment as
+// any release left it running.
+func (c *upgradeCLI) firstRun(likes int) {
+	c.t.Helper()
+	c.like(likes)
+	p := startWalcount(c.t, c.env("100ms"), "run")
+	waitStreaming(c.t, p, c.addr)
+	c.settlesExact(offPosts, "posts")
+	poll(c.t, "the counter's backfill to be recorded", func() (bool, string) {
+		n := c.count(`SELECT count(*) FROM walcount.counters WHERE slot_name = $1 AND backfilled_at IS NOT NULL`, c.slot)
+		return n == 1, fmt.Sprintf("%d counters backfilled", n)
+	})
+	if code := p.stop(); code != exitOK {
+		c.t.Fatalf("the first walcount exited %d", code)
+	}
+}
+
 // leaveBufferedDeltas runs a walcount that never flushes, makes likes and
 // unlikes, waits until its Redis buffer holds them (want, summed) and
 // kills it with SIGKILL: deltas past W are in Redis and nowhere else but
@@ -192,17 +210,7 @@ func TestUpgradeFromEveryStateSchema(t *testing.T) {
 		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
 			t.Parallel()
 			c := newUpgradeCLI(t)
-			c.like(60)
-			p := startWalcount(t, c.env("100ms"), "run")
-			waitStreaming(t, p, c.addr)
-			c.settlesExact(offPosts, "posts")
-			poll(t, "the counter's backfill to be recorded", func() (bool, string) {
-				n := c.count(`SELECT count(*) FROM walcount.counters WHERE slot_name = $1 AND backfilled_at IS NOT NULL`, c.slot)
-				return n == 1, fmt.Sprintf("%d counters backfilled", n)
-			})
-			if code := p.stop(); code != exitOK {
-				t.Fatalf("the first walcount exited %d", code)
-			}
+			c.firstRun(60)
 			c.leaveBufferedDeltas(40, 5)
 			w := c.downgradeState(v)
 			if v >= 4 {
@@ -214,7 +222,7 @@ func TestUpgradeFromEveryStateSchema(t *testing.T) {
 			}
 			c.like(30) // while no walcount runs
 
-			p = startWalcount(t, c.env("100ms"), "run")
+			p := startWalcount(t, c.env("100ms"), "run")
 			waitStreaming(t, p, c.addr)
 			c.like(10) // and after
 			c.settlesExact(offPosts, "posts")
@@ -259,17 +267,7 @@ func TestUpgradeNeedsTheStateOwner(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := newUpgradeCLI(t)
-	c.like(50)
-	p := startWalcount(t, c.env("100ms"), "run")
-	waitStreaming(t, p, c.addr)
-	c.settlesExact(offPosts, "posts")
-	poll(t, "the counter's backfill to be recorded", func() (bool, string) {
-		n := c.count(`SELECT count(*) FROM walcount.counters WHERE slot_name = $1 AND backfilled_at IS NOT NULL`, c.slot)
-		return n == 1, fmt.Sprintf("%d counters backfilled", n)
-	})
-	if code := p.stop(); code != exitOK {
-		t.Fatalf("the first walcount exited %d", code)
-	}
+	c.firstRun(50)
 	c.downgradeState(2)
 	c.like(20)
 
@@ -313,7 +311,7 @@ func TestUpgradeNeedsTheStateOwner(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the owner runs the printed statements: %v\n%s", err, script)
 	}
-	p = startWalcount(t, env, "run")
+	p := startWalcount(t, env, "run")
 	waitStreaming(t, p, c.addr)
 	c.like(10)
 	c.settlesExact(offPosts, "posts")
@@ -334,17 +332,7 @@ func TestUpgradeNeedsTheStateOwner(t *testing.T) {
 func TestUpgradeWithTheOwnersPublication(t *testing.T) {
 	t.Parallel()
 	c := newUpgradeCLI(t)
-	c.like(40)
-	p := startWalcount(t, c.env("100ms"), "run")
-	waitStreaming(t, p, c.addr)
-	c.settlesExact(offPosts, "posts")
-	poll(t, "the counter's backfill to be recorded", func() (bool, string) {
-		n := c.count(`SELECT count(*) FROM walcount.counters WHERE slot_name = $1 AND backfilled_at IS NOT NULL`, c.slot)
-		return n == 1, fmt.Sprintf("%d counters backfilled", n)
-	})
-	if code := p.stop(); code != exitOK {
-		t.Fatalf("the first walcount exited %d", code)
-	}
+	c.firstRun(40)
 	c.downgradeState(2)
 	c.like(15)
 
@@ -380,11 +368,37 @@ func TestUpgradeWithTheOwnersPublication(t *testing.T) {
 	}
 	c.exec(stmt)
 
-	p = startWalcount(t, env, "run")
+	p := startWalcount(t, env, "run")
 	waitStreaming(t, p, c.addr)
 	c.like(10)
 	c.settlesExact(offPosts, "posts")
 	if code := p.stop(); code != exitOK {
 		t.Errorf("walcount after the owner's statement exited %d", code)
+	}
+}
+
+// TestUpgradeWithTheSlotLost: the slot of a deployment on state schema 1
+// (before dirty marks existed) is gone when today's walcount starts with
+// on_slot_loss: recreate. It migrates the state first (no walcount can
+// stream a lost slot), recreates the slot, marks the counter dirty and
+// repairs it: every count exact.
+func TestUpgradeWithTheSlotLost(t *testing.T) {
+	t.Parallel()
+	c := newUpgradeCLI(t)
+	c.firstRun(30)
+	c.downgradeState(1)
+	c.exec(`SELECT pg_drop_replication_slot($1)`, c.slot)
+	c.like(25) // unseen by any slot
+
+	p := startWalcount(t, c.env("100ms", "WALCOUNT_ON_SLOT_LOSS=recreate"), "run")
+	c.settlesExact(offPosts, "posts")
+	if code := p.stop(); code != exitOK {
+		t.Errorf("today's walcount exited %d", code)
+	}
+	if !strings.Contains(p.stderr.String(), "migrated walcount's state schema") {
+		t.Errorf("the log does not say the schema was migrated")
+	}
+	if n := c.count(`SELECT count(*) FROM walcount.dirty`); n != 0 {
+		t.Errorf("%d dirty marks left after the repair", n)
 	}
 }
