@@ -221,6 +221,9 @@ func TestUpgradeFromEveryStateSchema(t *testing.T) {
 				c.exec(`INSERT INTO walcount.carried (slot_name, counter, key, delta) VALUES ($1, 'post_likes', '5', 3)`, c.slot)
 			}
 			c.like(30) // while no walcount runs
+			if code, out := c.run("check"); code != exitOK || !strings.Contains(out, fmt.Sprintf("walcount run migrates it to version %d", state.Version)) {
+				t.Errorf("check on state schema version %d: exit %d, want 0 and a warning that run migrates it", v, code)
+			}
 
 			p := startWalcount(t, c.env("100ms"), "run")
 			waitStreaming(t, p, c.addr)
