@@ -13,6 +13,7 @@ import (
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/cdc"
 )
 
 // Exit codes (docs/design.md §6), as README.md states them for scripts.
@@ -76,6 +77,10 @@ func exitStatus(err error) int {
 	case errors.As(err, &cfgErr), errors.As(err, &ue):
 		return exitUsage
 	case errors.As(err, &ref) && ref.ConfigProblem():
+		return exitUsage
+	case errors.Is(err, cdc.ErrPublicationMissing):
+		// Every retry decodes the same change: the publication or the
+		// slot must be fixed (walcount setup).
 		return exitUsage
 	case errors.Is(err, buffer.ErrOtherDeployment):
 		// Two deployments share a Redis and a slot name: the

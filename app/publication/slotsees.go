@@ -1,0 +1,122 @@
+package publication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcount/walcount/state"
+)
+
+// Querier reads one row; *pgx.Conn, *pgxpool.Pool and pgx.Tx fit.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// SlotView says whether walcount may stream from an existing slot with its
+// publication.
+type SlotView struct {
+	// Stale is true when the slot must not be adopted: Why says why.
+	Stale bool
+	Why   string
+	// Mark, when the slot is fit, is what setup records for it
+	// (state.SetPublicationMark): the publication's oid and a position at
+	// which the slot's catalog view already had it.
+	Mark state.PublicationMark
+}
+
+// SlotSees tells whether the existing slot named slot (on the server of
+// slotDB) may be adopted by walcount with publication pub (on the server
+// of db, the primary). It may not when walcount's state has no checkpoint
+// for it (its position is nobody's: a slot left by an earlier install, or
+// made by hand), or when it may decode changes made before the
+// publication existed.
+//
+// pgoutput looks the publication up in the catalog as of each decoded
+// transaction (the historic snapshot of logical decoding), not as of now:
+// a slot whose position predates the publication finds no publication
+// for the first change it decodes, and PostgreSQL before 18 fails the
+// stream, at every retry, with `publication "…" does not exist` (18 skips
+// the publication with a warning until it appears, and so drops those
+// changes). Two tests, in order:
+//
+//   - setup records, for each slot it creates or adopts, the publication's
+//     oid and a WAL position at which it existed (state.PublicationMark):
+//     with the same oid, the slot is stale when its confirmed_flush_lsn is
+//     before that position;
+//   - without a record (state written by an older walcount) or when the
+//     publication was made again since (another oid), the slot is fit only
+//     when the transaction that wrote the publication's catalog row is
+//     older than the slot's catalog_xmin: every snapshot the slot still
+//     decodes with sees it. A publication written since catalog_xmin
+//     cannot be proven visible, and the slot counts as stale; recreating
+//     it costs a reconciliation, never a count.
+func SlotSees(ctx context.Context, db state.Querier, slotDB Querier, slot, pub string) (SlotView, error) {
+	known, err := state.HasCheckpoint(ctx, db, slot)
+	if err != nil {
+		return SlotView{}, err
+	}
+	if !known {
+		return SlotView{Stale: true, Why: fmt.Sprintf("walcount's state has no checkpoint for replication slot %s: it was left by an earlier install (a teardown that could not reach it) or made by hand, so its position is not walcount's and may predate publication %s", slot, pub)}, nil
+	}
+	var (
+		confirmed   state.LSN
+		confText    *string
+		catalogXmin *int64
+	)
+	err = slotDB.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, catalog_xmin::text::bigint FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&confText, &catalogXmin)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return SlotView{}, nil // no slot: nothing to adopt
+	}
+	if err != nil {
+		return SlotView{}, fmt.Errorf("read replication slot %s: %w", slot, err)
+	}
+	if confText == nil || catalogXmin == nil {
+		return SlotView{}, nil // lost, or not logical: reported as such
+	}
+	if err := confirmed.Scan(*confText); err != nil {
+		return SlotView{}, fmt.Errorf("read replication slot %s: %w", slot, err)
+	}
+	var (
+		oid        uint32
+		xmin, next int64
+	)
+	err = db.QueryRow(ctx, `SELECT oid, xmin::text::bigint, (pg_snapshot_xmax(pg_current_snapshot())::text::bigint % 4294967296)
+FROM pg_publication WHERE pubname = $1`, pub).Scan(&oid, &xmin, &next)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return SlotView{}, nil // no publication: reported as such, setup creates it
+	}
+	if err != nil {
+		return SlotView{}, fmt.Errorf("read publication %s: %w", pub, err)
+	}
+	if state.CheckVersion(ctx, db) == nil {
+		mark, ok, err := state.ReadPublicationMark(ctx, db, slot)
+		if err != nil {
+			return SlotView{}, err
+		}
+		if ok && mark.OID == oid {
+			if confirmed < mark.LSN {
+				return SlotView{Stale: true, Why: fmt.Sprintf("replication slot %s is confirmed up to %s, before %s where publication %s began: it would decode changes made before the publication, which PostgreSQL before 18 refuses for good (\"publication does not exist\")", slot, confirmed, mark.LSN, pub)}, nil
+			}
+			return SlotView{Mark: mark}, nil
+		}
+	}
+	if writtenSince(uint32(xmin), uint32(*catalogXmin), uint32(next)) {
+		return SlotView{Stale: true, Why: fmt.Sprintf("publication %s was created or changed after the oldest catalog state replication slot %s still decodes with (its catalog_xmin %d, the publication's xmin %d): the slot may decode changes made before the publication, which PostgreSQL before 18 refuses for good (\"publication does not exist\")", pub, slot, *catalogXmin, xmin)}, nil
+	}
+	return SlotView{Mark: state.PublicationMark{OID: oid, LSN: confirmed}}, nil
+}
+
+// writtenSince reports whether xid x lies in [from, next): assigned at or
+// after from, which is at most 2^31 transactions behind next (a slot's
+// catalog_xmin holds freezing back). Xids are compared modulo 2^32, as
+// PostgreSQL does; the special xids below 3 (frozen, bootstrap) are never
+// in it.
+func writtenSince(x, from, next uint32) bool {
+	if x < 3 {
+		return false
+	}
+	return x-from < next-from
+}
