@@ -112,12 +112,12 @@ func keptAfter(ctx context.Context, tx pgx.Tx, counters []counter.Counter) ([]Le
 	// the tables, their columns, their schemas and the database.
 	rows, err := tx.Query(ctx, `
 WITH t AS (SELECT to_regclass(name) AS oid FROM unnest($1::text[]) AS name)
-SELECT 'TABLE ' || c.oid::regclass::text, c.relowner::regrole::text
+SELECT 'TABLE ' || format('%I.%I', (SELECT nspname FROM pg_namespace WHERE oid = c.relnamespace), c.relname), c.relowner::regrole::text
 FROM t JOIN pg_class c ON c.oid = t.oid, aclexplode(c.relacl) a
 WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = current_user) AND a.grantee <> c.relowner
 GROUP BY 1, 2
 UNION
-SELECT '(' || string_agg(DISTINCT quote_ident(att.attname), ', ') || ') ON TABLE ' || c.oid::regclass::text, c.relowner::regrole::text
+SELECT '(' || string_agg(DISTINCT quote_ident(att.attname), ', ') || ') ON TABLE ' || format('%I.%I', (SELECT nspname FROM pg_namespace WHERE oid = c.relnamespace), c.relname), c.relowner::regrole::text
 FROM t JOIN pg_class c ON c.oid = t.oid JOIN pg_attribute att ON att.attrelid = c.oid AND att.attnum > 0, aclexplode(att.attacl) a
 WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = current_user)
 GROUP BY c.oid, c.relowner
