@@ -22,6 +22,11 @@ func (r *run) checkPublication() error {
 		if err != nil {
 			return nil, err
 		}
+		if name == cdc.MessageTable && !t.Exists {
+			// Made by walcount setup with the state schema, before the
+			// publication: the publication must hold it all the same.
+			return publication.MessagesTable(), nil
+		}
 		return t.Table, nil
 	})
 	if err != nil {
@@ -56,7 +61,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 	if errNoRows(err) {
 		fix := "walcount setup"
 		if len(listed) > 0 {
-			fix = fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout))
+			fix = r.ownerFix(fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout)))
 		}
 		r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
 		return nil
@@ -158,7 +163,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 			case !t.Source:
 				msg = fmt.Sprintf("publication %s does not include the target %s", r.cfg.Publication, sql)
 			}
-			r.setupProblem(CheckPublication, msg, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t)))
+			r.setupProblem(CheckPublication, msg, r.ownerFix(fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t))))
 			continue
 		}
 		readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[3]s;", pub, sql, r.pubEntry(t))
@@ -263,4 +268,25 @@ func readColumns(counters []counter.Counter, t *table) []string {
 		}
 	}
 	return cols
+}
+
+// ownerFix is the fix of a publication that is missing or lacks a table:
+// stmt alone needs the owner of every table in the publication and, on
+// first use, walcount's state schema (walcount.messages is in it), and a
+// new counter's table also needs its grants and replica identity. With
+// Options.OwnerSQL it is every statement, in order, and who runs them;
+// without, stmt.
+func (r *run) ownerFix(stmt string) string {
+	if r.ownerSQL == nil {
+		return stmt
+	}
+	if r.ownerSQLOut == nil && r.ownerSQLErr == nil {
+		out, err := r.ownerSQL(r.ctx)
+		r.ownerSQLOut, r.ownerSQLErr = &out, err
+	}
+	if r.ownerSQLErr != nil {
+		return fmt.Sprintf("%s (after walcount's state schema, the grants and the replica identity; walcount setup --print-sql prints them all, but failed here: %v)", stmt, r.ownerSQLErr)
+	}
+	return fmt.Sprintf("walcount setup --fix-replica-identity, when role %[1]s owns every table; otherwise the owner of the tables runs all of these statements once, as printed "+
+		"(walcount setup --print-sql --fix-replica-identity, with psql -v ON_ERROR_STOP=1 -f), then walcount setup runs as %[1]s:\n%[2]s", r.user, strings.TrimRight(*r.ownerSQLOut, "\n"))
 }

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/app/preflight"
+	"github.com/walcount/walcount/app/setup"
 )
 
 func newCheckCmd(g *globalFlags) *cobra.Command {
@@ -37,7 +41,7 @@ refuse to start with, 2 a problem only the configuration can fix.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			findings, err := preflight.Run(cmd.Context(), preflight.Options{Config: cfg})
+			findings, err := preflight.Run(cmd.Context(), preflight.Options{Config: cfg, OwnerSQL: ownerSQL(cfg)})
 			if err != nil {
 				if asJSON {
 					writeCheckJSON(out, checkReport{Error: err.Error(), ExitCode: exitStatus(err)})
@@ -108,4 +112,22 @@ func writeCheckJSON(out io.Writer, r checkReport) {
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(r)
+}
+
+// ownerSQL returns what walcount setup --print-sql --fix-replica-identity
+// prints for cfg: every statement the owner of the tables runs for
+// walcount's role, check's fix of a publication that needs the owner.
+func ownerSQL(cfg config.Config) func(ctx context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		conn, err := connectPG(ctx, cfg)
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var out bytes.Buffer
+		if _, err := setup.Run(ctx, conn, setup.Options{Config: cfg, PrintSQL: true, FixReplicaIdentity: true, Out: &out}); err != nil {
+			return "", err
+		}
+		return out.String(), nil
+	}
 }
