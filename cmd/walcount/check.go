@@ -21,7 +21,8 @@ func newCheckCmd(g *globalFlags) *cobra.Command {
 		Short: "Check everything walcount run needs; print one line per finding with its fix",
 		Long: `walcount check runs every check walcount run makes before it starts and prints
 one line per finding (ok, warning, PROBLEM), each warning and problem with its
-fix. --json prints them as one JSON object instead:
+fix; a fix of several statements (what the tables' owner runs for a missing
+publication or a new counter's table) goes on in indented lines. --json prints them as one JSON object instead:
 
   {"findings": [{"check": "wal_level", "severity": "ok", "message": "..."},
                 {"check": "index", "severity": "warning", "message": "...", "fix": "..."},
