@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walcount/walcount/state"
 )
@@ -47,7 +49,11 @@ type SlotView struct {
 //     with the same oid, the slot is stale when its confirmed_flush_lsn is
 //     before that position;
 //   - without a record (state written by an older walcount) or when the
-//     publication was made again since (another oid), the slot is fit only
+//     publication was made again since (another oid), pgoutput itself is
+//     asked, before PostgreSQL 18: a peek at the first change the slot would send
+//     (pg_logical_slot_peek_binary_changes, which moves nothing) fails
+//     as the stream would. On 18, which sends nothing instead of failing,
+//     or when the peek cannot run, the slot is fit only
 //     when the transaction that wrote the publication's catalog row is
 //     older than the slot's catalog_xmin: every snapshot the slot still
 //     decodes with sees it. A publication written since catalog_xmin
@@ -65,8 +71,10 @@ func SlotSees(ctx context.Context, db state.Querier, slotDB Querier, slot, pub s
 		confirmed   state.LSN
 		confText    *string
 		catalogXmin *int64
+		versionNum  int
 	)
-	err = slotDB.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, catalog_xmin::text::bigint FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&confText, &catalogXmin)
+	err = slotDB.QueryRow(ctx, `SELECT confirmed_flush_lsn::text, catalog_xmin::text::bigint, current_setting('server_version_num')::int
+FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&confText, &catalogXmin, &versionNum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotView{}, nil // no slot: nothing to adopt
 	}
@@ -103,6 +111,28 @@ FROM pg_publication WHERE pubname = $1`, pub).Scan(&oid, &xmin, &next)
 			return SlotView{Mark: mark}, nil
 		}
 	}
+	// No mark to go by: before 18, ask pgoutput itself, on the first
+	// change the slot would send now (a peek moves nothing). It fails as
+	// the stream would; it cannot run while a walsender holds the slot,
+	// whose stream then says it (ErrPublicationMissing in package cdc).
+	// 18 does not fail: it skips the publication it cannot see, so that
+	// the changes before it are not sent at all, and only the catalog
+	// test below tells.
+	err = errors.New("PostgreSQL 18 skips a publication it cannot see yet")
+	if versionNum < 180000 {
+		var n int64
+		err = slotDB.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, 'proto_version', '1', 'publication_names', $2)`, slot, pub).Scan(&n)
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return SlotView{Mark: state.PublicationMark{OID: oid, LSN: confirmed}}, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42704" && strings.Contains(pgErr.Message, "publication"):
+		return SlotView{Stale: true, Why: fmt.Sprintf("replication slot %s would decode changes made before publication %s existed: PostgreSQL answers %q, and would at every start of the stream", slot, pub, pgErr.Message)}, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "55006": // object_in_use: a walcount streams from it
+		return SlotView{}, nil
+	}
+	// No peek (18, or no privilege): the catalog says what it can.
 	if writtenSince(uint32(xmin), uint32(*catalogXmin), uint32(next)) {
 		return SlotView{Stale: true, Why: fmt.Sprintf("publication %s was created or changed after the oldest catalog state replication slot %s still decodes with (its catalog_xmin %d, the publication's xmin %d): the slot may decode changes made before the publication, which PostgreSQL before 18 refuses for good (\"publication does not exist\")", pub, slot, *catalogXmin, xmin)}, nil
 	}
