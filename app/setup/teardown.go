@@ -114,6 +114,19 @@ func TeardownWith(ctx context.Context, conn *pgx.Conn, rdb redis.UniversalClient
 	case slotDropped:
 		res.Dropped = append(res.Dropped, fmt.Sprintf("slot %q%s", slot, where))
 	}
+	var elsewhere []Leftover
+	if slotConn != conn {
+		// A slot of that name on database_url's server too (made before
+		// replication_url named another server) is not the one walcount
+		// reads: it is named, never dropped on a guess.
+		if exists, err := replslot.Exists(ctx, conn, slot); err == nil && exists {
+			elsewhere = append(elsewhere, Leftover{
+				What: fmt.Sprintf("a replication slot %q on database_url's server as well, which this walcount does not read (replication_url names another server); it pins WAL there unless something else reads it", slot),
+				SQL:  []string{fmt.Sprintf("SELECT %s(%s);", replslot.DropFunction, quoteLiteral(slot))},
+				Who:  "a role with REPLICATION on database_url's server, once nothing reads it",
+			})
+		}
+	}
 	var forOwner, dropped, restored []string
 	var kept []Leftover
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -190,7 +203,7 @@ func TeardownWith(ctx context.Context, conn *pgx.Conn, rdb redis.UniversalClient
 	}
 	res.ForOwner = append(res.ForOwner, forOwner...)
 	res.Dropped = append(res.Dropped, dropped...)
-	res.Restored, res.Kept = restored, kept
+	res.Restored, res.Kept = restored, append(elsewhere, kept...)
 	if rdb != nil {
 		if err := buffer.New(rdb, slot).Drop(ctx); err != nil {
 			return res, err

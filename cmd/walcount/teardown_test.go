@@ -51,6 +51,9 @@ func TestTeardownDropsTheSlotOnTheStandby(t *testing.T) {
 	if n := countOn(t, standby.URL(), onStandby); n != 0 {
 		t.Fatalf("teardown left slot %s on the standby", c.slot)
 	}
+	if !strings.Contains(out, "kept on purpose") || !strings.Contains(out, `ALTER TABLE "public"."posts" DROP COLUMN "likes_count";`) {
+		t.Errorf("teardown does not list what it keeps with the statements that remove it:\n%s", out)
+	}
 
 	// Installed again: a new slot, and counts made exact by the backfill.
 	c.conn.Exec(ctx, `INSERT INTO likes (post_id) SELECT 1 + g % 20 FROM generate_series(1, 200) g`) //nolint:errcheck // checked by the count
