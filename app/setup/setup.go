@@ -438,6 +438,9 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	}
 	if slotExists && (opt.RecreateSlot || s.res.StaleSlot != "") {
 		if err := slot.Drop(ctx, slotConn, cfg.Slot); err != nil {
+			if s.res.StaleSlot != "" {
+				return fmt.Errorf("drop replication slot %q, which walcount must not adopt (%s; stop what streams from it first): %w", cfg.Slot, s.res.StaleSlot, err)
+			}
 			return fmt.Errorf("drop replication slot %q: %w", cfg.Slot, err)
 		}
 		slotExists = false
