@@ -89,7 +89,9 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 				fmt.Fprintf(out, "replication slot %q exists; checkpoint at %s\n", cfg.Slot, res.CheckpointLSN)
 			}
 			fmt.Fprintf(out, "publication %q covers %s\n", cfg.Publication, strings.Join(res.Published, ", "))
-			if res.NeedsReconcile {
+			if res.NeedsReconcile && res.StaleSlot != "" {
+				fmt.Fprintln(out, "what the old slot's counts may hold is not known: every counter is marked dirty and walcount run reconciles it on its own")
+			} else if res.NeedsReconcile {
 				fmt.Fprintln(out, "the slot is new while a checkpoint existed: changes in between were not seen; every counter is marked dirty and walcount run reconciles it on its own")
 			}
 			return nil
