@@ -283,6 +283,15 @@ func (r *run) ownerFix(stmt string) string {
 	if r.ownerSQL == nil {
 		return stmt
 	}
+	var tables []string
+	for _, c := range r.cfg.Counters {
+		tables = append(tables, c.Source, c.Target)
+	}
+	var ownsAll bool
+	if err := r.conn.QueryRow(r.ctx, `SELECT coalesce(bool_and(pg_has_role(current_user, c.relowner, 'USAGE')), false)
+FROM unnest($1::text[]) AS t(name) JOIN pg_class c ON c.oid = to_regclass(t.name)`, tables).Scan(&ownsAll); err == nil && ownsAll {
+		return fmt.Sprintf("walcount setup (role %s owns every table: it makes walcount's state schema, which holds walcount.messages, then the publication; add --fix-replica-identity when the replica identity check asks for it)", r.user)
+	}
 	if r.ownerSQLOut == nil && r.ownerSQLErr == nil {
 		out, err := r.ownerSQL(r.ctx)
 		r.ownerSQLOut, r.ownerSQLErr = &out, err
@@ -290,6 +299,6 @@ func (r *run) ownerFix(stmt string) string {
 	if r.ownerSQLErr != nil {
 		return fmt.Sprintf("%s (after walcount's state schema, the grants and the replica identity; walcount setup --print-sql prints them all, but failed here: %v)", stmt, r.ownerSQLErr)
 	}
-	return fmt.Sprintf("walcount setup --fix-replica-identity, when role %[1]s owns every table; otherwise the owner of the tables runs all of these statements once, as printed "+
+	return fmt.Sprintf("role %[1]s does not own every table, so the owner of the tables runs all of these statements once, as printed "+
 		"(walcount setup --print-sql --fix-replica-identity, with psql -v ON_ERROR_STOP=1 -f), then walcount setup runs as %[1]s:\n%[2]s", r.user, strings.TrimRight(*r.ownerSQLOut, "\n"))
 }
