@@ -117,7 +117,8 @@ func writeCheckJSON(out io.Writer, r checkReport) {
 
 // ownerSQL returns what walcount setup --print-sql --fix-replica-identity
 // prints for cfg: every statement the owner of the tables runs for
-// walcount's role, check's fix of a publication that needs the owner.
+// walcount's role: the fix, in check and in run's refusal alike, of a
+// publication that needs the owner.
 func ownerSQL(cfg config.Config) func(ctx context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		conn, err := connectPG(ctx, cfg)
