@@ -152,3 +152,31 @@ func TestSetupNeverAdoptsAStaleSlot(t *testing.T) {
 		t.Fatalf("run exit %d\n%s", code, p.stderr.String())
 	}
 }
+
+// TestTeardownRestoreReplicaIdentityFlag: setup --fix-replica-identity sets
+// FULL on likes (its primary key lacks post_id); teardown --yes prints the
+// statement that gives the DEFAULT identity back, and with
+// --restore-replica-identity runs it.
+func TestTeardownRestoreReplicaIdentityFlag(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, testenv.Database(t), `
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
+	ident := func() string {
+		var s string
+		if err := c.conn.QueryRow(context.Background(), "SELECT relreplident::text FROM pg_class WHERE oid = 'likes'::regclass").Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if code, out := c.run("setup", "--fix-replica-identity"); code != exitOK || ident() != "f" {
+		t.Fatalf("setup --fix-replica-identity: exit %d, identity %s\n%s", code, ident(), out)
+	}
+	code, out := c.run("teardown", "--yes", "--restore-replica-identity")
+	if code != exitOK || !strings.Contains(out, `restored replica identity: "public"."likes" REPLICA IDENTITY DEFAULT`) {
+		t.Fatalf("teardown --yes --restore-replica-identity: exit %d\n%s", code, out)
+	}
+	if got := ident(); got != "d" {
+		t.Errorf("likes' identity after teardown --restore-replica-identity = %s, want d", got)
+	}
+}
