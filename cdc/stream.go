@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/walcount/walcount/internal/operator"
 	"github.com/walcount/walcount/slot"
 )
 
@@ -74,7 +76,24 @@ var (
 	// arrived for longer than StreamConfig.SilenceTimeout: the server, or
 	// the network path to it, is gone while the socket stays open.
 	ErrStreamSilent = errors.New("replication stream went silent")
+	// ErrPublicationMissing is wrapped when the walsender finds no
+	// publication for a change it decodes: the publication was dropped,
+	// or the slot's position predates it (pgoutput reads the catalog as
+	// of the decoded change). Every retry decodes the same change, so it
+	// needs an operator.
+	ErrPublicationMissing = operator.NewError("the replication slot sees no publication")
 )
+
+// streamError classifies an error the walsender sent during streaming.
+func streamError(slot, pub string, err *pgconn.PgError) error {
+	if err.Code == "42704" && strings.Contains(err.Message, "publication") { // undefined_object
+		return fmt.Errorf("replication stream: %w %q at the change it decodes (%s, SQLSTATE %s): "+
+			"the publication was dropped, or replication slot %q was made before it and decodes changes from before it; "+
+			"stop walcount, run walcount check, then walcount setup (it creates the publication, and drops and recreates a slot older than it; walcount run then repairs every counter)",
+			ErrPublicationMissing, pub, err.Message, err.Code, slot)
+	}
+	return fmt.Errorf("replication stream: %w", err)
+}
 
 // StreamConfig configures a Stream.
 type StreamConfig struct {
@@ -612,7 +631,7 @@ func (r *receiver) dispatch(msg pgproto3.BackendMessage) error {
 			return r.walData(msg.Data[1:])
 		}
 	case *pgproto3.ErrorResponse:
-		return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
+		return streamError(r.s.cfg.Slot, r.s.cfg.Publication, pgconn.ErrorResponseToPgError(msg))
 	case *pgproto3.CopyDone:
 		return errors.New("replication stream: server ended the stream")
 	}

@@ -123,6 +123,13 @@ type Options struct {
 	Config config.Config
 	// Logger receives debug logs of each check; nil means no logging.
 	Logger *zap.Logger
+	// OwnerSQL, when set, returns every statement the owner of the tables
+	// runs for walcount's role (walcount setup --print-sql): the fix of a
+	// publication that is missing or lacks a table, which needs the
+	// tables' owner and, before it, walcount's state schema, the grants
+	// and the replica identity. walcount check sets it; nil keeps the
+	// short fix (the statement alone).
+	OwnerSQL func(ctx context.Context) (string, error)
 }
 
 // Log field keys.
@@ -162,7 +169,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	r := &run{ctx: ctx, conn: conn, cfg: cfg, log: log, tables: map[string]*table{}, quoted: map[string]string{}, once: map[string]bool{}}
+	r := &run{ctx: ctx, conn: conn, cfg: cfg, log: log, tables: map[string]*table{}, quoted: map[string]string{}, once: map[string]bool{}, ownerSQL: opt.OwnerSQL}
 	defer func() {
 		if r.closeSlotConn != nil {
 			r.closeSlotConn()
@@ -246,6 +253,10 @@ type run struct {
 	// once holds the causes reported once for every counter they concern
 	// (a generated column several counters sum).
 	once map[string]bool
+	// ownerSQL is Options.OwnerSQL; ownerFix caches its answer.
+	ownerSQL    func(ctx context.Context) (string, error)
+	ownerSQLOut *string
+	ownerSQLErr error
 
 	findings []Finding
 }

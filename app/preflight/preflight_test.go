@@ -101,12 +101,29 @@ SELECT slot_name, confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slo
 	}
 }
 
-// setUp does what `walcount setup` does.
+// setUp does what `walcount setup` does: the state schema, the
+// publication, then the slot, its checkpoint and the publication mark
+// (a position past the publication, taken before the slot).
 func (f *fixture) setUp(t *testing.T) {
 	t.Helper()
+	f.setUpWith(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts, walcount.messages")
+}
+
+// setUpWith is setUp with the publication pubDDL creates.
+func (f *fixture) setUpWith(t *testing.T, pubDDL string) {
+	t.Helper()
+	if _, _, err := state.Migrate(context.Background(), f.conn); err != nil {
+		t.Fatal(err)
+	}
+	f.exec(t, pubDDL)
+	var mark string
+	if err := f.conn.QueryRow(context.Background(), "SELECT pg_current_wal_insert_lsn()::text").Scan(&mark); err != nil {
+		t.Fatal(err)
+	}
 	f.createSlot(t, "pgoutput")
 	f.createCheckpoint(t, "")
-	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts, walcount.messages")
+	f.exec(t, `UPDATE walcount.checkpoint SET publication_oid = (SELECT oid FROM pg_publication WHERE pubname = 'walcount'),
+publication_lsn = $2::pg_lsn WHERE slot_name = $1`, f.cfg.Slot, mark)
 	if err := state.Claim(context.Background(), f.conn, f.cfg.Slot, f.cfg.Counters); err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +382,7 @@ func TestPublication(t *testing.T) {
 		columnLists bool
 	}{
 		{name: "missing", problem: "publication walcount does not exist",
-			fix: "CREATE PUBLICATION walcount FOR TABLE public.likes, public.posts (id, likes_count);"},
+			fix: "CREATE PUBLICATION walcount FOR TABLE public.likes, public.posts (id, likes_count), walcount.messages;"},
 		{name: "without the source table", ddl: "CREATE PUBLICATION walcount FOR TABLE posts",
 			problem: "publication walcount does not include public.likes",
 			fix:     "ALTER PUBLICATION walcount ADD TABLE public.likes;"},
@@ -879,12 +896,7 @@ ALTER TABLE likes_1 REPLICA IDENTITY FULL;
 ALTER TABLE likes_2 REPLICA IDENTITY FULL;
 CREATE INDEX ON likes (post_id);
 CREATE UNLOGGED TABLE plain_likes (id bigint PRIMARY KEY, post_id bigint NOT NULL);`)
-	f.createSlot(t, "pgoutput")
-	f.createCheckpoint(t, "")
-	f.exec(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts, walcount.messages WITH (publish_via_partition_root = true)")
-	if err := state.Claim(context.Background(), f.conn, f.cfg.Slot, f.cfg.Counters); err != nil {
-		t.Fatal(err)
-	}
+	f.setUpWith(t, "CREATE PUBLICATION walcount FOR TABLE likes, posts, walcount.messages WITH (publish_via_partition_root = true)")
 	refused := func(t *testing.T, findings []preflight.Finding) {
 		t.Helper()
 		var ref *preflight.Refusal

@@ -8,6 +8,7 @@ import (
 	"github.com/walcount/walcount/app/publication"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/state"
 )
 
 // checkPublication checks that the publication exists, publishes every
@@ -21,6 +22,13 @@ func (r *run) checkPublication() error {
 		t, err := r.lookupTable(name)
 		if err != nil {
 			return nil, err
+		}
+		if name == cdc.MessageTable && !t.Exists && !r.stateMigrates() {
+			// Made by walcount setup with the state schema, before the
+			// publication: the publication must hold it all the same.
+			// (An older state schema without it is migrated by run,
+			// which adds the table to the publication as setup would.)
+			return publication.MessagesTable(), nil
 		}
 		return t.Table, nil
 	})
@@ -49,14 +57,14 @@ func (r *run) checkPublication() error {
 		}
 	}
 
-	var ins, upd, del, trunc, viaRoot bool
+	var ins, upd, del, trunc, viaRoot, allTables bool
 	err = r.conn.QueryRow(r.ctx, `
-SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
-FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &del, &trunc, &viaRoot)
+SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot, puballtables
+FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &del, &trunc, &viaRoot, &allTables)
 	if errNoRows(err) {
 		fix := "walcount setup"
 		if len(listed) > 0 {
-			fix = fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout))
+			fix = r.ownerFix(fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout)))
 		}
 		r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
 		return nil
@@ -149,6 +157,9 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 			// publication lists the partitions, not the table.
 			continue
 		}
+		if !found && t.Messages && allTables {
+			continue // made by walcount setup, and published with it
+		}
 		if !found {
 			ok = false
 			msg := fmt.Sprintf("publication %s does not include %s", r.cfg.Publication, sql)
@@ -158,7 +169,7 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 			case !t.Source:
 				msg = fmt.Sprintf("publication %s does not include the target %s", r.cfg.Publication, sql)
 			}
-			r.setupProblem(CheckPublication, msg, fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t)))
+			r.setupProblem(CheckPublication, msg, r.ownerFix(fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t))))
 			continue
 		}
 		readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[3]s;", pub, sql, r.pubEntry(t))
@@ -263,4 +274,43 @@ func readColumns(counters []counter.Counter, t *table) []string {
 		}
 	}
 	return cols
+}
+
+// ownerFix is the fix of a publication that is missing or lacks a table:
+// stmt alone needs the owner of every table in the publication and, on
+// first use, walcount's state schema (walcount.messages is in it), and a
+// new counter's table also needs its grants and replica identity. With
+// Options.OwnerSQL it is every statement, in order, and who runs them;
+// without, stmt.
+func (r *run) ownerFix(stmt string) string {
+	if r.ownerSQL == nil {
+		return stmt
+	}
+	var tables []string
+	for _, c := range r.cfg.Counters {
+		tables = append(tables, c.Source, c.Target)
+	}
+	var ownsAll bool
+	if err := r.conn.QueryRow(r.ctx, `SELECT coalesce(bool_and(pg_has_role(current_user, c.relowner, 'USAGE')), false)
+FROM unnest($1::text[]) AS t(name) JOIN pg_class c ON c.oid = to_regclass(t.name)`, tables).Scan(&ownsAll); err == nil && ownsAll {
+		return fmt.Sprintf("walcount setup (role %s owns every table: it makes walcount's state schema, which holds walcount.messages, then the publication; add --fix-replica-identity when the replica identity check asks for it)", r.user)
+	}
+	if r.ownerSQLOut == nil && r.ownerSQLErr == nil {
+		out, err := r.ownerSQL(r.ctx)
+		r.ownerSQLOut, r.ownerSQLErr = &out, err
+	}
+	if r.ownerSQLErr != nil {
+		return fmt.Sprintf("%s (after walcount's state schema, the grants and the replica identity; walcount setup --print-sql prints them all, but failed here: %v)", stmt, r.ownerSQLErr)
+	}
+	return fmt.Sprintf("role %[1]s does not own every table, so the owner of the tables runs all of these statements once, as printed "+
+		"(walcount setup --print-sql --fix-replica-identity, with psql -v ON_ERROR_STOP=1 -f), then walcount setup runs as %[1]s:\n%[2]s", r.user, strings.TrimRight(*r.ownerSQLOut, "\n"))
+}
+
+// stateMigrates reports whether walcount's state schema exists at a version
+// older than this walcount's: walcount run migrates it when it takes the
+// slot, creating walcount.messages (version 3) and adding it to the
+// publication, so its absence is not a problem of the publication.
+func (r *run) stateMigrates() bool {
+	v, err := state.ReadVersion(r.ctx, r.conn)
+	return err == nil && v < state.Version
 }

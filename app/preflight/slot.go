@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/publication"
 	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
@@ -70,6 +71,18 @@ func (r *run) checkSlot() error {
 		r.warn(CheckSlot,
 			fmt.Sprintf("replication slot %s is unreserved: it is past max_slot_wal_keep_size and will be lost at the next checkpoint unless walcount catches up at once", name),
 			"start walcount now, or raise max_slot_wal_keep_size: ALTER SYSTEM SET max_slot_wal_keep_size = '100GB'; SELECT pg_reload_conf();")
+		return nil
+	}
+	// A slot walcount's state does not know, or one that would decode
+	// changes made before the publication (run would then fail for good
+	// on PostgreSQL before 18), is not walcount's to adopt.
+	view, err := publication.SlotSees(r.ctx, r.conn, r.slotConn, name, r.cfg.Publication)
+	if err != nil {
+		return r.queryFailed(CheckSlot, "slot "+name, err)
+	}
+	if view.Stale {
+		r.setupProblem(CheckSlot, view.Why+"; walcount will not stream from it",
+			"walcount setup (it drops the slot and creates it anew after the publication; walcount run then repairs every counter by itself) — stop walcount run first")
 		return nil
 	}
 	state := "inactive"

@@ -159,7 +159,7 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 	// 3. Replica identity, when asked.
 	if opt.FixReplicaIdentity {
 		p.blank()
-		s := &statements{conn: conn, print: true, res: &Result{}}
+		s := &statements{conn: conn, print: true, res: &Result{}, stateRole: stateOwner}
 		fixed, err := s.fixIdentity(ctx, existing(cfg.Counters, tables))
 		if err != nil {
 			return err
@@ -168,8 +168,9 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 		if len(s.res.Statements) == 0 {
 			p.comment("3. Replica identity: every source's identity carries the counters' columns: nothing to do.")
 		} else {
-			p.comment("3. Replica identity FULL, so that updates and deletes carry the columns the counters read.\n" +
-				"   Needs: ownership of each table.")
+			p.comment("3. Replica identity FULL, so that updates and deletes carry the columns the counters read;\n"+
+				"   the identity each table had is recorded first (as %s), for walcount teardown to restore.\n"+
+				"   Needs: ownership of each table, and membership in role %[1]s.", stateOwner)
 			for _, stmt := range s.res.Statements {
 				p.stmt(stmt)
 			}

@@ -26,6 +26,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -81,6 +82,9 @@ type Result struct {
 	Published []string
 	// Warnings are the preflight warnings, for the operator.
 	Warnings []preflight.Finding
+	// StaleSlot, when set, says why the existing slot was not adopted
+	// but dropped and created anew (see publication.SlotSees).
+	StaleSlot string
 }
 
 // Sources returns the distinct source tables of the counters, sorted, as
@@ -181,6 +185,20 @@ type statements struct {
 	// ownerNeeded is set when the publication needs the owner: setup
 	// commits the rest and stops before the slot.
 	ownerNeeded *OwnerNeededError
+	// stateRole, when printing, is the owner of walcount's state schema:
+	// the owner of the tables writes the state as that role.
+	stateRole string
+}
+
+// recordIdentity records the replica identity a table has before setup
+// sets it to FULL (state.RecordIdentitySQL). Printed, it runs as the
+// owner of walcount's state, whose member the tables' owner is.
+func (s *statements) recordIdentity(ctx context.Context, table, ident, index string) error {
+	if s.print && s.stateRole != "" {
+		_ = s.exec(ctx, "SET ROLE "+pgx.Identifier{s.stateRole}.Sanitize())
+		defer func() { _ = s.exec(ctx, "RESET ROLE") }()
+	}
+	return s.exec(ctx, state.RecordIdentitySQL, table, ident, index)
 }
 
 func (s *statements) exec(ctx context.Context, sql string, args ...any) error {
@@ -407,8 +425,22 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			return err
 		}
 	}
-	if slotExists && opt.RecreateSlot {
+	// A slot walcount's state does not know, or one that would decode
+	// changes made before the publication, is never adopted: it is made
+	// anew, and every counter repaired.
+	var mark state.PublicationMark
+	if slotExists && !opt.RecreateSlot && !s.print {
+		view, err := publication.SlotSees(ctx, s.conn, slotConn, cfg.Slot, cfg.Publication)
+		if err != nil {
+			return err
+		}
+		s.res.StaleSlot, mark = view.Why, view.Mark
+	}
+	if slotExists && (opt.RecreateSlot || s.res.StaleSlot != "") {
 		if err := slot.Drop(ctx, slotConn, cfg.Slot); err != nil {
+			if s.res.StaleSlot != "" {
+				return fmt.Errorf("drop replication slot %q, which walcount must not adopt (%s; stop what streams from it first): %w", cfg.Slot, s.res.StaleSlot, err)
+			}
 			return fmt.Errorf("drop replication slot %q: %w", cfg.Slot, err)
 		}
 		slotExists = false
@@ -419,6 +451,13 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			_ = s.exec(ctx, slot.InitCheckpointSQL, cfg.Slot)
 			return nil
 		}
+		// A position at which the publication exists, taken before the
+		// slot: the slot's consistent point is past it, which the
+		// publication mark records for later setups and checks.
+		pubMark, err := markBefore(ctx, s.conn, slotConn, cfg.Publication)
+		if err != nil {
+			return err
+		}
 		stopWatch := watchSlotCreation(ctx, cfg.DatabaseURL, cfg.Slot, slotConn.PgConn().PID(), opt.Waits)
 		// The primary is asked for snapshots on its own connection, never
 		// on the one that creates the slot.
@@ -427,15 +466,16 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			primary = s.conn
 		}
 		var lsn state.LSN
-		err := slot.Create(ctx, slotConn, primary, cfg.Slot, &lsn)
+		err = slot.Create(ctx, slotConn, primary, cfg.Slot, &lsn)
 		stopWatch()
 		if err != nil {
 			return fmt.Errorf("create replication slot %q: %w", cfg.Slot, err)
 		}
 		s.res.CreatedSlot = true
 		// A new slot starts a new history: whatever the counters missed
-		// before it (or since an old slot was lost) must be reconciled.
-		s.res.NeedsReconcile = hadCheckpoint
+		// before it (or since an old slot was lost) must be reconciled,
+		// and so must what a stale slot's counts may hold.
+		s.res.NeedsReconcile = hadCheckpoint || s.res.StaleSlot != ""
 		err = pgx.BeginFunc(ctx, s.conn, func(tx pgx.Tx) error {
 			if _, err := state.InitCheckpoint(ctx, tx, cfg.Slot, lsn, true); err != nil {
 				return err
@@ -443,7 +483,12 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 			if err := state.SetPublication(ctx, tx, cfg.Slot, cfg.Publication); err != nil {
 				return err
 			}
-			if !hadCheckpoint {
+			if pubMark.OID != 0 {
+				if err := state.SetPublicationMark(ctx, tx, cfg.Slot, pubMark); err != nil {
+					return err
+				}
+			}
+			if !s.res.NeedsReconcile {
 				return nil
 			}
 			for _, c := range cfg.Counters {
@@ -475,8 +520,51 @@ func (s *statements) slot(ctx context.Context, cfg config.Config, version pgvers
 	if err := state.SetPublication(ctx, s.conn, cfg.Slot, cfg.Publication); err != nil {
 		return err
 	}
+	if mark.OID != 0 {
+		if err := state.SetPublicationMark(ctx, s.conn, cfg.Slot, mark); err != nil {
+			return err
+		}
+	}
 	s.res.CheckpointLSN = w.String()
 	return nil
+}
+
+// markBefore returns the publication's oid and the primary's WAL insert
+// position, past the publication's creation, and, when the slot is made
+// on a hot standby, waits for the standby to replay that far: a slot
+// whose consistent point came before would decode changes made before the
+// publication (see publication.SlotSees). A zero mark means no
+// publication exists to mark.
+func markBefore(ctx context.Context, primary, slotConn *pgx.Conn, pub string) (state.PublicationMark, error) {
+	var m state.PublicationMark
+	var lsn string
+	err := primary.QueryRow(ctx, `SELECT oid, pg_current_wal_insert_lsn()::text FROM pg_publication WHERE pubname = $1`, pub).Scan(&m.OID, &lsn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return state.PublicationMark{}, nil
+	}
+	if err == nil {
+		err = m.LSN.Scan(lsn)
+	}
+	if err != nil {
+		return m, fmt.Errorf("read publication %s: %w", pub, err)
+	}
+	if slotConn == primary {
+		return m, nil
+	}
+	for {
+		var standby, replayed bool
+		if err := slotConn.QueryRow(ctx, `SELECT pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)`, m.LSN.String()).Scan(&standby, &replayed); err != nil {
+			return m, fmt.Errorf("read the replay position of the slot's server: %w", err)
+		}
+		if !standby || replayed {
+			return m, nil
+		}
+		select {
+		case <-ctx.Done():
+			return m, fmt.Errorf("wait for the standby to replay the publication (%s): %w", m.LSN, ctx.Err())
+		case <-time.After(100 * time.Millisecond): // polled: PostgreSQL signals no replay progress to a client
+		}
+	}
 }
 
 // fixIdentity sets REPLICA IDENTITY FULL on each source whose identity
@@ -507,7 +595,9 @@ SELECT n.nspname::text, c.relname::text, c.relreplident::text,
                  WHERE i.indrelid = c.oid AND a.attname = w.name
                    AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident)))),
        pg_has_role(current_user, c.relowner, 'USAGE'),
-       EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attgenerated = 'v' AND NOT a.attisdropped)
+       EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attgenerated = 'v' AND NOT a.attisdropped),
+       coalesce((SELECT ic.relname::text FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+                 WHERE i.indrelid = c.oid AND i.indisreplident), '')
 FROM (SELECT to_regclass($1) AS relid, 0 AS level
       UNION ALL
       SELECT relid, level FROM pg_partition_tree(to_regclass($1)) WHERE isleaf AND level > 0) p
@@ -518,6 +608,7 @@ ORDER BY p.level, 1`, src, need[src])
 		}
 		type rel struct {
 			name, ident string
+			index       string
 			missing     bool
 			owned       bool
 			virtual     bool
@@ -525,7 +616,7 @@ ORDER BY p.level, 1`, src, need[src])
 		rels, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (rel, error) {
 			var r rel
 			var schema, table string
-			err := row.Scan(&schema, &table, &r.ident, &r.missing, &r.owned, &r.virtual)
+			err := row.Scan(&schema, &table, &r.ident, &r.missing, &r.owned, &r.virtual, &r.index)
 			r.name = pgx.Identifier{schema, table}.Sanitize()
 			return r, err
 		})
@@ -550,6 +641,10 @@ ORDER BY p.level, 1`, src, need[src])
 			if !r.owned && !s.print {
 				notOwned = append(notOwned, r.name)
 				continue
+			}
+			// The identity it had, for walcount teardown to restore.
+			if err := s.recordIdentity(ctx, r.name, r.ident, r.index); err != nil {
+				return nil, err
 			}
 			if err := s.exec(ctx, fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL", r.name)); err != nil {
 				return nil, err

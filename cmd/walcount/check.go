@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/app/preflight"
+	"github.com/walcount/walcount/app/setup"
 )
 
 func newCheckCmd(g *globalFlags) *cobra.Command {
@@ -17,7 +21,8 @@ func newCheckCmd(g *globalFlags) *cobra.Command {
 		Short: "Check everything walcount run needs; print one line per finding with its fix",
 		Long: `walcount check runs every check walcount run makes before it starts and prints
 one line per finding (ok, warning, PROBLEM), each warning and problem with its
-fix. --json prints them as one JSON object instead:
+fix; a fix of several statements (what the tables' owner runs for a missing
+publication or a new counter's table) goes on in indented lines. --json prints them as one JSON object instead:
 
   {"findings": [{"check": "wal_level", "severity": "ok", "message": "..."},
                 {"check": "index", "severity": "warning", "message": "...", "fix": "..."},
@@ -39,7 +44,7 @@ a grant or a login, or a state schema of a newer walcount.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			findings, err := preflight.Run(cmd.Context(), preflight.Options{Config: cfg})
+			findings, err := preflight.Run(cmd.Context(), preflight.Options{Config: cfg, OwnerSQL: ownerSQL(cfg)})
 			if err != nil {
 				if asJSON {
 					writeCheckJSON(out, checkReport{Error: err.Error(), ExitCode: exitStatus(err)})
@@ -110,4 +115,23 @@ func writeCheckJSON(out io.Writer, r checkReport) {
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(r)
+}
+
+// ownerSQL returns what walcount setup --print-sql --fix-replica-identity
+// prints for cfg: every statement the owner of the tables runs for
+// walcount's role: the fix, in check and in run's refusal alike, of a
+// publication that needs the owner.
+func ownerSQL(cfg config.Config) func(ctx context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		conn, err := connectPG(ctx, cfg)
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var out bytes.Buffer
+		if _, err := setup.Run(ctx, conn, setup.Options{Config: cfg, PrintSQL: true, FixReplicaIdentity: true, Out: &out}); err != nil {
+			return "", err
+		}
+		return out.String(), nil
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/walcount/walcount/app/preflight"
+
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -34,7 +36,16 @@ func TestCheckJSON(t *testing.T) {
 	if code != textCode || code != exitFailure || r.ExitCode != code {
 		t.Errorf("check --json: exit %d (exit_code %d), text exit %d, want %d", code, r.ExitCode, textCode, exitFailure)
 	}
-	lines := strings.Split(strings.TrimSpace(text), "\n")
+	// One line per finding; a fix of several lines goes on in lines
+	// indented by preflight.FixIndent.
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(text), "\n") {
+		if rest, ok := strings.CutPrefix(l, preflight.FixIndent); ok && len(lines) > 0 {
+			lines[len(lines)-1] += "\n" + rest
+			continue
+		}
+		lines = append(lines, l)
+	}
 	if len(lines) != len(r.Findings) {
 		t.Fatalf("%d findings in JSON, %d lines of text", len(r.Findings), len(lines))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/operator"
 )
 
@@ -81,6 +82,10 @@ func exitStatus(err error) int {
 	case operator.ClassOf(err) != operator.None:
 		// A *preflight.Refusal says its class (configuration or
 		// privilege), and so do the state schema's errors.
+		return exitUsage
+	case errors.Is(err, cdc.ErrPublicationMissing):
+		// Every retry decodes the same change: the publication or the
+		// slot must be fixed (walcount setup).
 		return exitUsage
 	case errors.Is(err, buffer.ErrOtherDeployment):
 		// Two deployments share a Redis and a slot name: the

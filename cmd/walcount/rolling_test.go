@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/walcount/walcount/state"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,10 +175,10 @@ func TestRollingUpgradeOfAnHAPair(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStreaming(t, standby, addrNew)
-	if v := version(); v != 5 {
-		t.Fatalf("state schema version %d once today's walcount streams, want 5", v)
+	if v := version(); v != state.Version {
+		t.Fatalf("state schema version %d once today's walcount streams, want %d", v, state.Version)
 	}
-	if n := c.count(`SELECT count(*) FROM walcount.schema_version WHERE version = 5 AND applied_at > $1`, stoppedAt); n != 1 {
+	if n := c.count(`SELECT count(*) FROM walcount.schema_version WHERE version = $2 AND applied_at > $1`, stoppedAt, state.Version); n != 1 {
 		t.Errorf("the schema was migrated before the old active had stopped")
 	}
 

@@ -129,7 +129,7 @@ func waitPreflight(ctx context.Context, cfg config.Config, log *zap.Logger, d *d
 // and returns them with the *preflight.Refusal that lists every problem
 // with its fix.
 func runPreflight(ctx context.Context, cfg config.Config, log *zap.Logger) ([]preflight.Finding, error) {
-	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, Logger: log})
+	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, Logger: log, OwnerSQL: ownerSQL(cfg)})
 	if err != nil {
 		return findings, fmt.Errorf("preflight: %w", err)
 	}
