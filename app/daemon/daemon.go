@@ -369,6 +369,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 }
 
+// WatchSlot polls the replication slot and exports its readings until
+// stop is called, for the time before Run: walcount run's preflight checks
+// may wait long for a server (Redis down) while the slot retains WAL, and
+// that is when the slot's metrics must not vanish. Call stop before Run,
+// which watches the slot itself for its whole lifetime. A lost slot seen
+// here stays in the metrics; the preflight checks refuse it.
+func (d *Daemon) WatchSlot(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = d.mon.Run(ctx)
+	}()
+	return func() { cancel(); <-done }
+}
+
 // jitter spreads a wait over ±20%, so that a fleet of walcount instances
 // (standbys waiting for a slot, daemons that lost the same server) does not
 // retry in lockstep.
