@@ -170,6 +170,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	}()
 	steps := []func() error{
 		r.connectSlotServer,
+		r.checkPooling,
 		r.checkServer,
 		r.checkStandby,
 		r.checkProvider,
@@ -187,7 +188,11 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	for _, step := range steps {
 		// A step records its own failed queries as Problems and returns
 		// an error only when ctx has ended.
-		if err := step(); err != nil {
+		err := step()
+		if errors.Is(err, errStopChecks) {
+			break
+		}
+		if err != nil {
 			return r.findings, fmt.Errorf("run checks: %w", err)
 		}
 	}

@@ -27,6 +27,12 @@ import (
 // database and user.
 func pgbouncer(t *testing.T, dbURL string) string {
 	t.Helper()
+	return pgbouncerWith(t, dbURL, servers.PgBouncerOptions{PoolMode: "transaction"})
+}
+
+// pgbouncerWith is pgbouncer with the pool mode and aliases of opt.
+func pgbouncerWith(t *testing.T, dbURL string, opt servers.PgBouncerOptions) string {
+	t.Helper()
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +43,8 @@ func pgbouncer(t *testing.T, dbURL string) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := servers.StartPgBouncer(ctx, servers.PgBouncerOptions{Host: u.Hostname(), Port: port, PoolMode: "transaction", Users: []string{u.User.Username()}})
+	opt.Host, opt.Port, opt.Users = u.Hostname(), port, []string{u.User.Username()}
+	b, err := servers.StartPgBouncer(ctx, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
