@@ -244,6 +244,21 @@ func closest(name string, cols map[string]counter.Column) string {
 	return best
 }
 
+// missingCounterColumn reports a counter column that does not exist in
+// the target, with the statement that adds it as typ. A column of the target
+// within a few edits of the name is most likely what the configuration
+// meant (like_count for likes_count): it is named first, and the fix
+// offers the configuration's change before the ALTER TABLE.
+func (r *run) missingCounterColumn(i int, c counter.Counter, tgt *table, prefix, typ string) {
+	msg := fmt.Sprintf("%scounter column %s.%s does not exist", prefix, tgt.sql, r.ident(c.Column))
+	fix := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s; then walcount reconcile", tgt.sql, r.ident(c.Column), typ)
+	if near := closest(c.Column, tgt.Columns); near != "" {
+		msg += fmt.Sprintf(" (did you mean %s?)", r.ident(near))
+		fix = fmt.Sprintf("set counters[%d].column in %s to %s if that is the column meant; else %s", i, r.configFileName(), r.ident(near), fix)
+	}
+	r.problem(CheckColumn, msg, fix)
+}
+
 // editDistance is the Levenshtein distance between a and b, in runes.
 func editDistance(a, b string) int {
 	ra, rb := []rune(a), []rune(b)
@@ -334,8 +349,7 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		}
 	case !found:
 		ok = false
-		r.problem(CheckColumn, fmt.Sprintf("%scounter column %s.%s does not exist", prefix, tgt.sql, r.ident(c.Column)),
-			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s bigint NOT NULL DEFAULT 0; then walcount reconcile", tgt.sql, r.ident(c.Column)))
+		r.missingCounterColumn(i, c, tgt, prefix, "bigint NOT NULL DEFAULT 0")
 	case !slices.Contains(counterTypes, col.Base):
 		bad(fmt.Sprintf("counter column %s.%s is %s: it must be integer, bigint or numeric", tgt.sql, r.ident(c.Column), col.Full),
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE bigint;", tgt.sql, r.ident(c.Column)))
@@ -434,8 +448,7 @@ func (r *run) checkExtremum(c counter.Counter, src, tgt *table, v, col counter.C
 	}
 	switch {
 	case !colFound:
-		r.problem(CheckColumn, fmt.Sprintf("counter %s: counter column %s.%s does not exist", c.Name, tgt.sql, r.ident(c.Column)),
-			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s; then walcount reconcile", tgt.sql, r.ident(c.Column), v.Full))
+		r.missingCounterColumn(i, c, tgt, "counter "+c.Name+": ", v.Full)
 		return nil
 	case col.Generated:
 		bad(fmt.Sprintf("counter %s: counter column %s.%s is a generated column and cannot be updated", c.Name, tgt.sql, r.ident(c.Column)), "")
