@@ -55,15 +55,6 @@ func exporterMetricNames(t *testing.T) map[string]bool {
 	return names
 }
 
-// postgresExporterBuiltins are the series of postgres_exporter's built-in
-// replication_slot collector (collector/pg_replication_slot.go) the rules
-// may use.
-var postgresExporterBuiltins = []string{
-	"pg_replication_slot_slot_current_wal_lsn", "pg_replication_slot_slot_confirmed_flush_lsn",
-	"pg_replication_slot_slot_is_active", "pg_replication_slot_safe_wal_size_bytes",
-	"pg_replication_slot_wal_status",
-}
-
 // TestPostgresExporterQueries runs every query of postgres_exporter.yml on
 // a real server, as a role that has only pg_monitor (as postgres_exporter
 // runs), against an inactive pgoutput slot that WAL was written past: the
@@ -141,8 +132,9 @@ func TestPostgresExporterQueries(t *testing.T) {
 			t.Fatalf("query %s does not return slot walcount: %v", name, slots)
 		}
 		r := slots[i]
-		if r["active"] != int32(0) || r["retained_wal_bytes"].(float64) <= 0 || r["lag_bytes"].(float64) <= 0 || r["database"] != "postgres" {
-			t.Errorf("slot walcount read as %v: want inactive, in database postgres, with retained WAL and a lag", r)
+		if r["active"] != int32(0) || r["retained_wal_bytes"].(float64) <= 0 || r["lag_bytes"].(float64) <= 0 || r["database"] != "postgres" ||
+			r["safe_wal_size_bytes"] != nil || r["unreserved"] != int32(0) || r["lost"] != int32(0) {
+			t.Errorf("slot walcount read as %v: want inactive, in database postgres, with retained WAL and a lag, reserved, no safe_wal_size (unlimited)", r)
 		}
 	}
 }
