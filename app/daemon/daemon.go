@@ -315,7 +315,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	backoff := d.opt.RetryMin
 	for {
 		start := time.Now()
-		err := d.session(ctx)
+		err := classifyPooling(d.session(ctx))
 		if cause := context.Cause(ctx); isSlotLost(cause) || errors.Is(cause, failpoint.ErrCrash) {
 			d.setErr(cause)
 			d.logStop(cause)

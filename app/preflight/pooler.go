@@ -3,10 +3,9 @@ package preflight
 import (
 	"errors"
 	"fmt"
-	"strings"
-
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/internal/connerr"
 	"github.com/walcount/walcount/internal/redact"
 )
 
@@ -18,10 +17,6 @@ const CheckPooler = "pooler"
 // errStopChecks ends the checks early, with the findings so far: what
 // follows could only fail on the same cause, with raw errors.
 var errStopChecks = errors.New("stop the checks")
-
-// StatementPoolingFix is the fix for a database_url at a pool in
-// statement mode.
-const StatementPoolingFix = "set pool_mode = transaction (or session) for this database in the pooler (pgbouncer.ini: pool_mode, or the database's pool_mode= in [databases]), or point database_url at PostgreSQL directly"
 
 // checkPooling probes database_url on a connection of its own with a
 // transaction, as every flush is one (its deltas and the checkpoint commit
@@ -41,22 +36,15 @@ func (r *run) checkPooling() error {
 		return err
 	})
 	switch {
-	case err != nil && IsStatementPooling(err):
+	case connerr.StatementPooling(err):
 		r.configProblem(CheckPooler,
 			fmt.Sprintf("database_url %s reaches a connection pool in statement mode (%v): walcount applies each flush in one transaction, which such a pool refuses, so run could never flush", redact.URL(r.cfg.DatabaseURL), err),
-			StatementPoolingFix)
+			connerr.StatementPoolingFix)
 		return errStopChecks
 	case err != nil:
 		return r.queryFailed(CheckPooler, "a transaction on database_url", err)
 	}
 	return r.checkSameDatabase()
-}
-
-// IsStatementPooling reports whether err is a pooler's refusal of a
-// transaction block in statement mode (PgBouncer: "transaction blocks not
-// allowed in statement pooling mode").
-func IsStatementPooling(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "statement pooling mode")
 }
 
 // databaseIdentity names the database a connection reached: the cluster's

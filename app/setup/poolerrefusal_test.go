@@ -6,11 +6,14 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/app/setup"
+	"github.com/walcount/walcount/internal/operator"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
@@ -139,4 +142,31 @@ func TestPoolerRoutesToAnotherDatabase(t *testing.T) {
 	if err := setupThroughPooler(t, f, good, direct); err != nil {
 		t.Errorf("setup through a pooler that routes to replication_url's database: %v", err)
 	}
+}
+
+// TestRunSkipCheckStatementMode runs the daemon itself (walcount run
+// --skip-check) with database_url at a statement-mode pool, after a setup
+// made directly: every session used to fail on its first transaction and
+// be retried for good. It now stops at once with the fix, as an error that
+// needs an operator.
+func TestRunSkipCheckStatementMode(t *testing.T) {
+	t.Parallel()
+	direct := testenv.Database(t)
+	f := newFixture(t, direct)
+	f.run(t, f.opts(likes))
+	pooled := pgbouncerWith(t, direct, servers.PgBouncerOptions{PoolMode: "statement"})
+	cfg := f.opts(likes).Config
+	cfg.DatabaseURL, cfg.ReplicationURL = pooled, direct
+	d, err := daemon.New(daemon.Options{Config: cfg, RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = d.Run(ctx)
+	if err == nil || !operator.Needed(err) || !strings.Contains(err.Error(), "pool_mode = transaction") {
+		t.Fatalf("run at a statement pool: %v, want a stop that needs an operator, with the fix", err)
+	}
+	t.Logf("run: %v", err)
 }
