@@ -92,6 +92,11 @@ func TestSlotWatchedWhileRedisIsDown(t *testing.T) {
 		return strings.Contains(string(raw), `"last_error"`), string(raw)
 	})
 
+	began := time.Now()
+	if _, err := fetchDaemonStatus(ctx, addr); err != nil {
+		t.Errorf("the daemon's /status with Redis down: %v", err)
+	}
+	t.Logf("the daemon's /status took %s with Redis down", time.Since(began).Round(time.Millisecond))
 	code, stdout, _ := walcount(t, nil, c.cmd("status", "--http-addr", addr)...)
 	if code != exitFailure {
 		t.Errorf("status with Redis down: exit %d, want %d (it warns)", code, exitFailure)
