@@ -185,7 +185,7 @@ func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
 	if keep < 0 {
 		d.log.Warn("max_slot_wal_keep_size is -1 (unlimited): the slot can never be lost, but while walcount is " +
 			"stopped or falls behind PostgreSQL keeps every WAL segment since the slot's position and can fill its disk. " +
-			"Alert on the WAL the slot retains and on the disk (deploy/prometheus/alerts.yml: WalcountSlotRetainedWALGrowing, " +
+			"Alert on the WAL the slot retains (walcount_slot_retained_wal_bytes) and on the disk (deploy/prometheus/alerts.yml: WalcountSlotRetainedWALGrowing, " +
 			"and the walcount-postgres group for while no walcount runs), and consider a limit sized to the longest outage to survive " +
 			"(ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();); a slot past the limit is lost " +
 			"and needs walcount setup --recreate-slot (or on_slot_loss: recreate) and a repair of every counter")
