@@ -3,8 +3,6 @@ package setup_test
 import (
 	"context"
 	"errors"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,23 +31,7 @@ func pgbouncer(t *testing.T, dbURL string) string {
 // pgbouncerWith is pgbouncer with the pool mode and aliases of opt.
 func pgbouncerWith(t *testing.T, dbURL string, opt servers.PgBouncerOptions) string {
 	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, err := strconv.Atoi(u.Port())
-	if err != nil {
-		t.Fatalf("port of %s: %v", dbURL, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	opt.Host, opt.Port, opt.Users = u.Hostname(), port, []string{u.User.Username()}
-	b, err := servers.StartPgBouncer(ctx, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b.URL(u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	return testenv.PgBouncer(t, dbURL, opt)
 }
 
 // TestPgBouncerTransactionMode: walcount's SQL pool through PgBouncer in

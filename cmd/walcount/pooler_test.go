@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
-	"net/url"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
@@ -21,22 +17,7 @@ func TestCheckAndSetupRefuseStatementPool(t *testing.T) {
 	t.Parallel()
 	direct := testenv.Database(t)
 	c := newCLI(t, direct, goodSchema)
-	u, err := url.Parse(direct)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, err := strconv.Atoi(u.Port())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	b, err := servers.StartPgBouncer(ctx, servers.PgBouncerOptions{Host: u.Hostname(), Port: port, PoolMode: "statement", Users: []string{u.User.Username()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	pooled := b.URL(u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	pooled := testenv.PgBouncer(t, direct, servers.PgBouncerOptions{PoolMode: "statement"})
 
 	for _, command := range []string{"check", "setup"} {
 		code, out := execute(t, command, "--database-url", pooled, "--replication-url", direct, "--redis-url", c.redis, "--slot", c.slot, "--http-addr", "")
