@@ -111,6 +111,13 @@ func TestSlotWatchedWhileRedisIsDown(t *testing.T) {
 			t.Errorf("status says %q while walcount runs and waits for Redis:\n%s", bad, stdout)
 		}
 	}
+	// Without asking the daemon (it may listen elsewhere), status still
+	// sees walcount's sessions on the database and does not call walcount
+	// gone.
+	_, stdout, _ = walcount(t, nil, c.cmd("status", "--http-addr", "")...)
+	if !strings.Contains(stdout, "walcount sessions are connected to the database") || strings.Contains(stdout, "teardown") {
+		t.Errorf("status without the daemon's address, while walcount runs:\n%s", stdout)
+	}
 	if code := p.stop(); code != exitOK {
 		t.Errorf("walcount run exited %d after SIGTERM, want 0", code)
 	}

@@ -122,7 +122,7 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 		}
 	}
 	if r.Daemon == nil {
-		r.WalcountSessions = countWalcountSessions(ctx, conn)
+		r.WalcountSessions = countWalcountSessions(ctx, conn, slotConn.PgConn().PID())
 	}
 	r.Warnings = statusWarnings(r, cfg.HTTPAddr)
 	if asJSON {
@@ -144,12 +144,14 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 
 // countWalcountSessions counts the sessions of other walcount processes on
 // the database (the daemon names its connections application_name
-// walcount); nil when pg_stat_activity cannot be read.
-func countWalcountSessions(ctx context.Context, conn *pgx.Conn) *int64 {
+// walcount), leaving out status's own: conn's and the backend slotPID of
+// its connection to replication_url; nil when pg_stat_activity cannot be
+// read.
+func countWalcountSessions(ctx context.Context, conn *pgx.Conn, slotPID uint32) *int64 {
 	var n int64
 	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE application_name = 'walcount' AND pid <> pg_backend_pid()
-		  AND datname = current_database() AND backend_type = 'client backend'`).Scan(&n)
+		WHERE application_name = 'walcount' AND pid <> pg_backend_pid() AND pid <> $1
+		  AND datname = current_database() AND backend_type = 'client backend'`, int64(slotPID)).Scan(&n)
 	if err != nil {
 		return nil
 	}
@@ -197,7 +199,6 @@ func inactiveWarning(r statusReport, httpAddr string) string {
 	}
 	if r.Daemon != nil {
 		var d struct {
-			Streaming bool   `json:"streaming"`
 			LastError string `json:"last_error"`
 		}
 		_ = json.Unmarshal(r.Daemon, &d)
