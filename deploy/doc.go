@@ -1,7 +1,11 @@
 // Package deploy holds walcount's deployment assets; it has no code.
 //
 //   - prometheus/alerts.yml: alerting rules on the metrics of docs/design.md §6,
-//     with promtool unit tests in prometheus/alerts_test.yml.
+//     with promtool unit tests in prometheus/alerts_test.yml; its group
+//     walcount-postgres reads PostgreSQL's own view of the slot from
+//     postgres_exporter, with the custom queries of
+//     prometheus/postgres_exporter.yml (run on a real server by
+//     TestPostgresExporterQueries).
 //   - grafana/walcount.json: a Grafana dashboard of the same metrics.
 //   - systemd/walcount.service and walcount.env: the unit the packages
 //     install, checked with systemd-analyze verify and security.

@@ -50,13 +50,14 @@ var (
 	archiveFiles = []string{
 		"walcount", "LICENSE", "README.md", "CHANGELOG.md",
 		"deploy/systemd/walcount.service", "deploy/systemd/walcount.env",
-		"deploy/prometheus/alerts.yml", "deploy/grafana/walcount.json",
+		"deploy/prometheus/alerts.yml", "deploy/prometheus/postgres_exporter.yml", "deploy/grafana/walcount.json",
 	}
 	packageFiles = []string{
 		"/usr/bin/walcount",
 		"/usr/lib/systemd/system/walcount.service",
 		"/etc/walcount/walcount.env",
 		"/usr/share/walcount/prometheus/alerts.yml",
+		"/usr/share/walcount/prometheus/postgres_exporter.yml",
 		"/usr/share/walcount/grafana/walcount.json",
 		"/usr/share/doc/walcount/README.md",
 		"/usr/share/doc/walcount/CHANGELOG.md",

@@ -38,8 +38,10 @@ const (
 // Monitor polls a replication slot's status, exports it as metrics and keeps
 // the latest reading for /status and /readyz.
 //
-// Run is the only goroutine that polls, and must be called once; Latest and
-// LagOK are safe to call from any goroutine.
+// Run is the only goroutine that polls; calls of Run must not overlap, but
+// one may follow another (the daemon watches the slot during its preflight
+// checks and then for its lifetime). Latest and LagOK are safe to call from
+// any goroutine.
 type Monitor struct {
 	keepLost bool
 	q        Querier

@@ -315,7 +315,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	backoff := d.opt.RetryMin
 	for {
 		start := time.Now()
-		err := d.session(ctx)
+		err := classifyPooling(d.session(ctx))
 		if cause := context.Cause(ctx); isSlotLost(cause) || errors.Is(cause, failpoint.ErrCrash) {
 			d.setErr(cause)
 			d.logStop(cause)
@@ -367,6 +367,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 		case <-time.After(jitter(wait)):
 		}
 	}
+}
+
+// WatchSlot polls the replication slot and exports its readings until
+// stop is called, for the time before Run: walcount run's preflight checks
+// may wait long for a server (Redis down) while the slot retains WAL, and
+// that is when the slot's metrics must not vanish. Call stop before Run,
+// which watches the slot itself for its whole lifetime. A lost slot seen
+// here stays in the metrics; the preflight checks refuse it.
+func (d *Daemon) WatchSlot(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = d.mon.Run(ctx)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // jitter spreads a wait over ±20%, so that a fleet of walcount instances

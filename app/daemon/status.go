@@ -185,7 +185,8 @@ func (d *Daemon) checkWALKeepSize(ctx context.Context) bool {
 	if keep < 0 {
 		d.log.Warn("max_slot_wal_keep_size is -1 (unlimited): the slot can never be lost, but while walcount is " +
 			"stopped or falls behind PostgreSQL keeps every WAL segment since the slot's position and can fill its disk. " +
-			"Alert on walcount_slot_retained_wal_bytes, and consider a limit sized to the longest outage to survive " +
+			"Alert on the WAL the slot retains (walcount_slot_retained_wal_bytes) and on the disk (deploy/prometheus/alerts.yml: WalcountSlotRetainedWALGrowing, " +
+			"and the walcount-postgres group for while no walcount runs), and consider a limit sized to the longest outage to survive " +
 			"(ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();); a slot past the limit is lost " +
 			"and needs walcount setup --recreate-slot (or on_slot_loss: recreate) and a repair of every counter")
 		return true
@@ -258,13 +259,6 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 		d.m.FlushOldestDeferredSeconds.Set(c.OldestAge)
 		d.m.KeysParked.Set(float64(c.Parked))
 	}
-	if n, err := d.buf.Len(rctx); err == nil {
-		if s.carried != nil {
-			n += s.carried.Deferred + s.carried.Parked
-		}
-		s.bufferKeys = &n
-		d.m.BufferKeys.Set(float64(n))
-	}
 	if dirty, err := state.ListDirty(rctx, d.pool, d.cfg.Slot); err == nil {
 		s.dirty = dirty
 		marked := map[string]bool{}
@@ -278,6 +272,17 @@ func (d *Daemon) sample(ctx context.Context) snapshot {
 			}
 			d.m.CounterDirty.WithLabelValues(c.Name).Set(v)
 		}
+	}
+	// Redis gets a budget of its own: a Redis that does not answer must
+	// not take the time of the PostgreSQL reads above.
+	redisCtx, redisCancel := context.WithTimeout(ctx, sampleTimeout)
+	defer redisCancel()
+	if n, err := d.buf.Len(redisCtx); err == nil {
+		if s.carried != nil {
+			n += s.carried.Deferred + s.carried.Parked
+		}
+		s.bufferKeys = &n
+		d.m.BufferKeys.Set(float64(n))
 	}
 	return s
 }
@@ -309,8 +314,17 @@ func (d *Daemon) readCheckpoint(ctx context.Context, p progress) progress {
 // Status returns the daemon's current view. It also refreshes the sampled
 // metrics, so a scrape right after a /status request sees the same figures.
 func (d *Daemon) Status(ctx context.Context) Status {
-	d.checkEviction(ctx)
+	// The eviction policy is read beside the sample, not before it: with
+	// Redis down each Redis read takes its whole timeout, and /status must
+	// answer within about one of them (walcount status asks it while Redis
+	// is down, to show why the slot is inactive).
+	evicted := make(chan struct{})
+	go func() { defer close(evicted); d.checkEviction(ctx) }()
 	smp := d.sample(ctx)
+	<-evicted
+	d.mu.Lock()
+	smp.st.redisEviction = d.state.redisEviction
+	d.mu.Unlock()
 	st, p := smp.st, smp.p
 	s := Status{
 		Slot:           d.cfg.Slot,

@@ -177,6 +177,7 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	}()
 	steps := []func() error{
 		r.connectSlotServer,
+		r.checkPooling,
 		r.checkServer,
 		r.checkStandby,
 		r.checkProvider,
@@ -194,7 +195,11 @@ func Run(ctx context.Context, opt Options) ([]Finding, error) {
 	for _, step := range steps {
 		// A step records its own failed queries as Problems and returns
 		// an error only when ctx has ended.
-		if err := step(); err != nil {
+		err := step()
+		if errors.Is(err, errStopChecks) {
+			break
+		}
+		if err != nil {
 			return r.findings, fmt.Errorf("run checks: %w", err)
 		}
 	}

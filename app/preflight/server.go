@@ -97,7 +97,7 @@ func (r *run) checkWALKeepSize() error {
 		r.warn(CheckSlotWALKeepSize,
 			"max_slot_wal_keep_size is -1 (unlimited): the slot can never be lost, but while walcount is stopped or stuck "+
 				"PostgreSQL keeps all WAL since the slot's position and can fill its disk; a limit trades that for "+
-				"slot loss (then walcount setup --recreate-slot or on_slot_loss: recreate, and a repair of every counter). Either way, alert on walcount_slot_retained_wal_bytes",
+				"slot loss (then walcount setup --recreate-slot or on_slot_loss: recreate, and a repair of every counter). Either way, alert on the WAL the slot retains (walcount_slot_retained_wal_bytes) and on the disk: deploy/prometheus/alerts.yml does (WalcountSlotRetainedWALGrowing; the walcount-postgres group, from postgres_exporter, while no walcount runs; docs/troubleshooting.md)",
 			"ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();")
 		return nil
 	}

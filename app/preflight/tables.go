@@ -229,43 +229,6 @@ func isDefaultCounter(c counter.Counter) bool {
 		c.TargetKey == d.TargetKey && c.Column == d.Column && c.Sum == d.Sum && len(c.Where) == 0 && len(c.Filters) == 0 && c.TargetRow == ""
 }
 
-// closest returns the column of cols nearest to name by edit distance, for
-// a "did you mean" in a message; empty when none is near enough to be a
-// likely typo (at most a third of the name's length, and at least 1
-// edit allowed, 3 at most).
-func closest(name string, cols map[string]counter.Column) string {
-	limit := min(max(len([]rune(name))/3, 1), 3)
-	best, bestDist := "", limit+1
-	for _, col := range sortedKeys(cols) {
-		if d := editDistance(strings.ToLower(name), strings.ToLower(col)); d < bestDist {
-			best, bestDist = col, d
-		}
-	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, in runes.
-func editDistance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	prev := make([]int, len(rb)+1)
-	cur := make([]int, len(rb)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(ra); i++ {
-		cur[0] = i
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(rb)]
-}
-
 // checkColumns checks that every column of the counter exists with a usable
 // type.
 func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix string) error {
@@ -334,8 +297,7 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 		}
 	case !found:
 		ok = false
-		r.problem(CheckColumn, fmt.Sprintf("%scounter column %s.%s does not exist", prefix, tgt.sql, r.ident(c.Column)),
-			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s bigint NOT NULL DEFAULT 0; then walcount reconcile", tgt.sql, r.ident(c.Column)))
+		r.missingCounterColumn(i, c, tgt, prefix, "bigint NOT NULL DEFAULT 0")
 	case !slices.Contains(counterTypes, col.Base):
 		bad(fmt.Sprintf("counter column %s.%s is %s: it must be integer, bigint or numeric", tgt.sql, r.ident(c.Column), col.Full),
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE bigint;", tgt.sql, r.ident(c.Column)))
@@ -434,8 +396,7 @@ func (r *run) checkExtremum(c counter.Counter, src, tgt *table, v, col counter.C
 	}
 	switch {
 	case !colFound:
-		r.problem(CheckColumn, fmt.Sprintf("counter %s: counter column %s.%s does not exist", c.Name, tgt.sql, r.ident(c.Column)),
-			fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s; then walcount reconcile", tgt.sql, r.ident(c.Column), v.Full))
+		r.missingCounterColumn(i, c, tgt, "counter "+c.Name+": ", v.Full)
 		return nil
 	case col.Generated:
 		bad(fmt.Sprintf("counter %s: counter column %s.%s is a generated column and cannot be updated", c.Name, tgt.sql, r.ident(c.Column)), "")

@@ -3,8 +3,6 @@ package setup_test
 import (
 	"context"
 	"errors"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,22 +25,13 @@ import (
 // database and user.
 func pgbouncer(t *testing.T, dbURL string) string {
 	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, err := strconv.Atoi(u.Port())
-	if err != nil {
-		t.Fatalf("port of %s: %v", dbURL, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	b, err := servers.StartPgBouncer(ctx, servers.PgBouncerOptions{Host: u.Hostname(), Port: port, PoolMode: "transaction", Users: []string{u.User.Username()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b.URL(u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	return pgbouncerWith(t, dbURL, servers.PgBouncerOptions{PoolMode: "transaction"})
+}
+
+// pgbouncerWith is pgbouncer with the pool mode and aliases of opt.
+func pgbouncerWith(t *testing.T, dbURL string, opt servers.PgBouncerOptions) string {
+	t.Helper()
+	return testenv.PgBouncer(t, dbURL, opt)
 }
 
 // TestPgBouncerTransactionMode: walcount's SQL pool through PgBouncer in

@@ -168,6 +168,11 @@ func gate(ctx context.Context, cfg config.Config, opt Options) ([]preflight.Find
 		case f.Severity != preflight.Problem, f.Cause == preflight.CauseSetup:
 		case f.Check == preflight.CheckReplicaIdentity && opt.FixReplicaIdentity:
 		case f.Check == preflight.CheckSlot && opt.RecreateSlot:
+		case f.Check == preflight.CheckReplicaIdentity && strings.Contains(f.Fix, "REPLICA IDENTITY FULL"):
+			// setup can run that fix itself when asked: say so, as a
+			// plain likes table meets it on the very first setup.
+			f.Fix += "; or run walcount setup --fix-replica-identity, which does it in setup's transaction"
+			blocking = append(blocking, f)
 		default:
 			blocking = append(blocking, f)
 		}

@@ -320,6 +320,11 @@ func TestFixReplicaIdentityOnlyWhenAsked(t *testing.T) {
 		!strings.Contains(err.Error(), "ALTER TABLE public.likes REPLICA IDENTITY FULL;") {
 		t.Fatalf("setup without --fix-replica-identity: err = %v, want the refusal naming the identity and its fix", err)
 	}
+	// A new operator's first setup on a plain likes table: the refusal names
+	// the flag that fixes it.
+	if !strings.Contains(err.Error(), "walcount setup --fix-replica-identity") {
+		t.Errorf("setup without --fix-replica-identity does not name the flag: %v", err)
+	}
 	for _, tbl := range []string{"likes", "comments", "follows"} {
 		if got := identity(tbl); got != "d" {
 			t.Fatalf("%s identity = %s without --fix-replica-identity", tbl, got)

@@ -83,7 +83,12 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 	log.Info("walcount version", zap.String("version", bi.Version), zap.String("revision", bi.Revision),
 		zap.String("modified", bi.Modified), zap.String("go_version", bi.GoVersion))
 	if !skipCheck {
-		if err := waitPreflight(ctx, cfg, log, d); err != nil {
+		// The slot is watched from the start, not only once the checks
+		// pass: they may wait long for a server while the slot keeps WAL.
+		stopWatch := d.WatchSlot(ctx)
+		err := waitPreflight(ctx, cfg, log, d)
+		stopWatch()
+		if err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -110,7 +115,12 @@ func waitPreflight(ctx context.Context, cfg config.Config, log *zap.Logger, d *d
 		findings, err := runPreflight(ctx, cfg, log)
 		var ref *preflight.Refusal
 		unreachable := errors.As(err, &ref) && ref.Unreachable() || !errors.As(err, &ref) && preflight.Unreachable(err)
-		if err == nil || !unreachable || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			// Stopped while the checks ran (SIGTERM): a clean stop,
+			// not a failed check.
+			return nil
+		}
+		if err == nil || !unreachable {
 			logWarnings(findings, log)
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/app/config"
@@ -42,7 +43,13 @@ type statusReport struct {
 	RedisEviction   string                `json:"redis_eviction,omitempty"`
 	Daemon          json.RawMessage       `json:"daemon,omitempty"`
 	DaemonError     string                `json:"daemon_error,omitempty"`
-	Warnings        []string              `json:"warnings,omitempty"`
+	// WalcountSessions counts the other sessions of walcount's role named
+	// application_name walcount on the database (pg_stat_activity): a
+	// walcount that runs but does not stream still holds its pool's
+	// connections, so an inactive slot with sessions is no sign that
+	// walcount is gone.
+	WalcountSessions *int64   `json:"walcount_sessions,omitempty"`
+	Warnings         []string `json:"warnings,omitempty"`
 }
 
 // statusRedisTimeout bounds each of status's reads of Redis.
@@ -114,7 +121,10 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 			r.DaemonError = fmt.Sprintf("no daemon answers at %s (%v); if it listens elsewhere, point at it with --http-addr or WALCOUNT_HTTP_ADDR", cfg.HTTPAddr, err)
 		}
 	}
-	r.Warnings = statusWarnings(r)
+	if r.Daemon == nil {
+		r.WalcountSessions = countWalcountSessions(ctx, conn, slotConn.PgConn().PID())
+	}
+	r.Warnings = statusWarnings(r, cfg.HTTPAddr)
 	if asJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
@@ -132,8 +142,30 @@ func runStatus(ctx context.Context, out io.Writer, cfg config.Config, asJSON boo
 	return nil
 }
 
+// countWalcountSessions counts the sessions of other walcount processes on
+// the database (the daemon names its connections application_name
+// walcount), leaving out status's own: conn's and the backend slotPID of
+// its connection to replication_url; nil when pg_stat_activity cannot be
+// read.
+func countWalcountSessions(ctx context.Context, conn *pgx.Conn, slotPID uint32) *int64 {
+	var n int64
+	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = 'walcount' AND pid <> pg_backend_pid() AND pid <> $1
+		  AND datname = current_database() AND backend_type = 'client backend'`, int64(slotPID)).Scan(&n)
+	if err != nil {
+		return nil
+	}
+	return &n
+}
+
+// statusDaemonTimeout bounds status's request to the daemon's /status.
+// The daemon bounds each of its reads of a server by 2 s, and reads Redis
+// beside PostgreSQL, so it answers within that even while Redis is down:
+// which is when its view matters most.
+const statusDaemonTimeout = 5 * time.Second
+
 func fetchDaemonStatus(ctx context.Context, addr string) (json.RawMessage, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, statusDaemonTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
 	if err != nil {
@@ -154,13 +186,41 @@ func fetchDaemonStatus(ctx context.Context, addr string) (json.RawMessage, error
 	return json.RawMessage(body), nil
 }
 
+// inactiveWarning says why the slot has no reader, from what status could
+// see: the daemon's own view when it answers, else whether walcount's
+// sessions are on the database. It never suggests dropping the slot: an
+// inactive slot is what a walcount waiting for Redis, restarting or
+// failing over looks like, and dropping it loses every change not yet
+// applied (walcount teardown is for removing walcount, see the docs).
+func inactiveWarning(r statusReport, httpAddr string) string {
+	held := ""
+	if lag := r.Slot.LagBytes; lag > 0 {
+		held = fmt.Sprintf("; it holds back %s of WAL that keeps growing while writes continue", humanBytes(lag))
+	}
+	if r.Daemon != nil {
+		var d struct {
+			LastError string `json:"last_error"`
+		}
+		_ = json.Unmarshal(r.Daemon, &d)
+		msg := fmt.Sprintf("the slot is INACTIVE although the walcount at %s runs", httpAddr)
+		if d.LastError != "" {
+			msg += ": it does not stream (" + d.LastError + ")"
+		}
+		return msg + held + " until it streams again; nothing is lost meanwhile"
+	}
+	if n := r.WalcountSessions; n != nil && *n > 0 {
+		return fmt.Sprintf("the slot is INACTIVE, but %d walcount sessions are connected to the database: a walcount runs and does not stream; its log and its /status say why", *n) + held
+	}
+	return "the slot is INACTIVE: no walcount is streaming from it or connected to the database" + held + "; start walcount run (walcount status --http-addr asks a daemon that listens elsewhere)"
+}
+
 // DeferredWarnAfter is how long a key may be carried (its row locked by
 // the app) before walcount status warns about it; the alert
 // WalcountFlushKeyDeferred uses the same.
 const DeferredWarnAfter = 3 * time.Minute
 
 // statusWarnings says in words what an operator must look at.
-func statusWarnings(r statusReport) []string {
+func statusWarnings(r statusReport, httpAddr string) []string {
 	var w []string
 	s := r.Slot
 	if err := s.Err(); err != nil {
@@ -168,14 +228,14 @@ func statusWarnings(r statusReport) []string {
 		return w
 	}
 	if !s.Active {
-		msg := "the slot is INACTIVE: no walcount is streaming from it"
-		if s.LagBytes > 0 {
-			msg += fmt.Sprintf(", and it holds back %s of WAL that keeps growing while writes continue; start walcount run, or drop the slot with walcount teardown --yes if walcount is gone for good", humanBytes(s.LagBytes))
-		}
-		w = append(w, msg)
+		w = append(w, inactiveWarning(r, httpAddr))
 	}
 	if s.WALStatus == slot.WALUnreserved {
-		w = append(w, "wal_status is unreserved: the slot is about to lose WAL it needs; catch up now or raise max_slot_wal_keep_size")
+		past := ""
+		if n := s.SafeWALSizeBytes; n != nil && *n < 0 {
+			past = fmt.Sprintf(" (it retains %s more than max_slot_wal_keep_size allows)", humanBytes(-*n))
+		}
+		w = append(w, "wal_status is unreserved: the slot is about to lose WAL it needs"+past+"; catch up now or raise max_slot_wal_keep_size")
 	}
 	if r.CheckpointError != "" {
 		w = append(w, "walcount.checkpoint: "+r.CheckpointError)
@@ -243,6 +303,8 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		}
 		fmt.Fprintf(tw, "wal_status\t%s\n", walStatusLine(s))
 		switch {
+		case s.SafeWALSizeBytes != nil && *s.SafeWALSizeBytes < 0:
+			fmt.Fprintf(tw, "safe_wal_size\tPAST THE LIMIT by %s: the slot retains more WAL than max_slot_wal_keep_size allows, and the next checkpoint may remove WAL it needs (the slot is then lost)\n", humanBytes(-*s.SafeWALSizeBytes))
 		case s.SafeWALSizeBytes != nil:
 			fmt.Fprintf(tw, "safe_wal_size\t%s more WAL before the slot is lost\n", humanBytes(*s.SafeWALSizeBytes))
 		case s.Invalidated:

@@ -24,6 +24,10 @@ type PgBouncerOptions struct {
 	Port int
 	// PoolMode is session, transaction or statement; "" means transaction.
 	PoolMode string
+	// Aliases route a database name of the pooler to another database of
+	// the server (alias → database), as a misconfigured [databases] line
+	// does; every other name goes to the database of the same name.
+	Aliases map[string]string
 	// Users may connect (auth_type trust: PgBouncer logs them in to
 	// PostgreSQL with no password, which the test clusters trust).
 	Users []string
@@ -95,8 +99,12 @@ func StartPgBouncer(ctx context.Context, opt PgBouncerOptions) (*PgBouncer, erro
 			os.RemoveAll(dir)
 			return nil, err
 		}
+		var aliases strings.Builder
+		for alias, db := range opt.Aliases {
+			fmt.Fprintf(&aliases, "%s = host=%s port=%d dbname=%s\n", alias, opt.Host, opt.Port, db)
+		}
 		ini := fmt.Sprintf(`[databases]
-* = host=%s port=%d
+%s* = host=%s port=%d
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -110,7 +118,7 @@ default_pool_size = 10
 ignore_startup_parameters = extra_float_digits
 logfile =
 pidfile =
-`, opt.Host, opt.Port, port, filepath.Join(dir, "users.txt"), opt.PoolMode)
+`, aliases.String(), opt.Host, opt.Port, port, filepath.Join(dir, "users.txt"), opt.PoolMode)
 		for name, content := range map[string]string{"pgbouncer.ini": ini, "users.txt": users.String()} {
 			p := filepath.Join(dir, name)
 			if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
