@@ -408,11 +408,22 @@ func (f *Flusher) committed(w cdc.LSN) {
 	f.opt.FlushLog.prune(w)
 	f.lastFlush = time.Now()
 	f.opt.Metrics.CheckpointLSN.Set(float64(w))
-	if f.opt.Lag != nil {
-		f.opt.Lag.Applied(w, f.lastFlush, f.opt.Metrics.ApplyLag)
+	if !f.drainDue {
+		f.lagApplied()
 	}
 	if f.opt.Ack != nil {
 		f.opt.Ack(w)
+	}
+}
+
+// lagApplied observes the apply lag of the transactions up to W: their
+// deltas are in the counter columns. Not while a drain is due: a W that a
+// staging transaction moved (flushBig) holds deltas that are still in
+// walcount.carried, to be applied piece by piece, and the lag of its
+// transactions goes on until the drain's last piece committed.
+func (f *Flusher) lagApplied() {
+	if f.opt.Lag != nil {
+		f.opt.Lag.Applied(f.w, time.Now(), f.opt.Metrics.ApplyLag)
 	}
 }
 
