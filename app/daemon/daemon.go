@@ -319,11 +319,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	bg.Go(func() error { d.observe(ctx); return nil })
 	bg.Go(func() error { d.watchPartitions(ctx); return nil })
 	bg.Go(func() error { d.collectVia(ctx); return nil })
+	bg.Go(func() error { d.watchTargetViews(ctx, cancel); return nil })
 	backoff := d.opt.RetryMin
 	for {
 		start := time.Now()
 		err := d.session(ctx)
-		if cause := context.Cause(ctx); isSlotLost(cause) || errors.Is(cause, failpoint.ErrCrash) {
+		if cause := context.Cause(ctx); isSlotLost(cause) || errors.Is(cause, failpoint.ErrCrash) || errors.Is(cause, counter.ErrPartialView) {
 			d.setErr(cause)
 			d.logStop(cause)
 			return cause
