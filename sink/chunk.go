@@ -72,9 +72,15 @@ func hiddenByPolicy(err error) bool {
 
 // partialView is the error of a flush statement that a policy enabled
 // since the session started refused (hiddenByPolicy): ErrPartialView,
-// with the target's fix when the target is the table hidden.
+// with the fix when the target (or an extremum's source) is the table
+// hidden.
 func (f *Flusher) partialView(ctx context.Context, b *attemptBatch, refused error) error {
-	if err := counter.CheckTargetView(ctx, f.opt.Pool, b.t.Counter); errors.Is(err, counter.ErrPartialView) {
+	check := counter.CheckTargetView
+	if b.t.Extremum {
+		// Its flush reads the source rows too.
+		check = counter.CheckRowViews
+	}
+	if err := check(ctx, f.opt.Pool, b.t.Counter); errors.Is(err, counter.ErrPartialView) {
 		return fmt.Errorf("flush: %w", err)
 	}
 	return fmt.Errorf("flush: counter %s: %w: %v", b.t.Counter.Name, counter.ErrPartialView, refused)
