@@ -307,9 +307,13 @@ func collect(ctx context.Context, tx pgx.Tx, query string, args []any, into map[
 		return err
 	}
 	var k string
-	var v int64
+	var v *int64
 	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
-		into[k] = v
+		// NULL: a max or min key with a recompute carried, not measured
+		// (counter.Resolved.Column).
+		if v != nil {
+			into[k] = *v
+		}
 		return nil
 	})
 	return err
