@@ -53,6 +53,12 @@ type targetRule struct {
 	// column is the index of the counter column, -1 when the relation
 	// does not carry it.
 	column int
+	// via is set for a counter of a via table, whose rows walcount
+	// deletes only when they hold nothing (counter.ViaCollectSQL): a via
+	// row is the sum of every delta for its key, so its delete is not the
+	// end of a row, and the deltas on their way for the key (a parent
+	// created again since) create it again.
+	via bool
 }
 
 // bindTargets binds the counters whose target is rel. A delete can only be
@@ -71,7 +77,7 @@ func bindTargets(rel *cdc.Relation, counters []counter.Counter, rels Relations) 
 			return nil, fmt.Errorf("counter %s: %w: target key %q of %s is not in its replica identity, so its deletes cannot be followed",
 				c.Name, ErrNotAttributable, c.TargetKey, rel.QualifiedName())
 		}
-		out = append(out, targetRule{counter: c.Name, key: i, column: rel.ColumnIndex(c.Column)})
+		out = append(out, targetRule{counter: c.Name, key: i, column: rel.ColumnIndex(c.Column), via: c.IsVia()})
 	}
 	return out, nil
 }
@@ -134,6 +140,9 @@ func (a *Aggregator) target(ev *cdc.Event, rules []targetRule) error {
 				a.seeded[f] = true
 			}
 		case cdc.OpDelete:
+			if r.via {
+				continue
+			}
 			k, ok, err := keyOf(ev.Old, ev.New, r.key)
 			if err != nil || !ok {
 				return wrapTarget(r, ev, err)

@@ -96,6 +96,8 @@ type Batch struct {
 	Events []Event
 	arena  []byte
 	cols   []Value
+	// content is the bytes of the events' message contents.
+	content int64
 	// charged is what the batch counts against the queue's byte budget
 	// while it is handed over and not yet released.
 	charged int64
@@ -108,22 +110,27 @@ var (
 )
 
 // bytes estimates the memory the batch holds: its events, column values,
-// the arena of their text and message contents.
+// the arena of their text and message contents. It costs nothing to call
+// after every message: the stream counts the contents as it decodes.
 func (b *Batch) bytes() int64 {
-	n := int64(len(b.Events))*eventSize + int64(len(b.cols))*valueSize + int64(len(b.arena))
-	for i := range b.Events {
-		n += int64(len(b.Events[i].Content))
-	}
-	return n
+	return int64(len(b.Events))*eventSize + int64(len(b.cols))*valueSize + int64(len(b.arena)) + b.content
 }
+
+// maxKeptArena is the arena capacity a released batch keeps for reuse; a
+// larger one (a row wider than a batch's budget) is dropped, so that the
+// pool of batches never holds more than a few budgets.
+const maxKeptArena = 4 * DefaultBatchBytes
 
 // reset empties b for reuse, keeping its capacity.
 func (b *Batch) reset() {
 	clear(b.Events) // drop pointers held by old events
 	b.Events = b.Events[:0]
 	b.arena = b.arena[:0]
+	if cap(b.arena) > maxKeptArena {
+		b.arena = nil
+	}
 	b.cols = b.cols[:0]
-	b.charged = 0
+	b.content, b.charged = 0, 0
 }
 
 // ValueKind says how a column is present in a tuple.

@@ -39,6 +39,11 @@ const (
 	// DefaultBatchEvents is how many events a batch holds before it is
 	// handed over even if its transaction is still open.
 	DefaultBatchEvents = 4096
+	// DefaultBatchBytes is how many decoded bytes (Batch.bytes) a batch
+	// holds before it is handed over even if its transaction is still
+	// open: 4096 events of wide rows would be gigabytes in one batch, which
+	// the queue's byte budget lets through alone.
+	DefaultBatchBytes = 1 << 20
 	// handOverLinger is how long a batch ending in a COMMIT waits for
 	// more messages before it is handed over, when the stream cannot
 	// coalesce reads.
@@ -126,6 +131,9 @@ type StreamConfig struct {
 	QueueBytes int64
 	// BatchEvents: default DefaultBatchEvents.
 	BatchEvents int
+	// BatchBytes: default DefaultBatchBytes. A batch is handed over once
+	// it holds this much, so it exceeds it by at most one message's rows.
+	BatchBytes int64
 	// CoalesceWindow: while data streams in, the stream sets the TCP
 	// socket's SO_RCVLOWAT and wakes when 64 KiB are queued or this
 	// window ends, instead of once per message. The walsender sends
@@ -209,6 +217,9 @@ func Connect(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	}
 	if cfg.BatchEvents <= 0 {
 		cfg.BatchEvents = DefaultBatchEvents
+	}
+	if cfg.BatchBytes <= 0 {
+		cfg.BatchBytes = DefaultBatchBytes
 	}
 	if cfg.CoalesceWindow == 0 {
 		cfg.CoalesceWindow = DefaultCoalesceWindow
@@ -671,6 +682,9 @@ func (r *receiver) walData(data []byte) error {
 	}
 	s.idleEnd = 0
 	if n := len(r.batch.Events); n > before {
+		for i := before; i < n; i++ {
+			r.batch.content += int64(len(r.batch.Events[i].Content))
+		}
 		switch ev := &r.batch.Events[n-1]; ev.Kind {
 		case KindBegin:
 			s.inTxn = true
@@ -691,7 +705,7 @@ func (r *receiver) walData(data []byte) error {
 	if s.cfg.Observer != nil {
 		s.cfg.Observer.Received(end)
 	}
-	if len(r.batch.Events) >= s.cfg.BatchEvents {
+	if len(r.batch.Events) >= s.cfg.BatchEvents || r.batch.bytes() >= s.cfg.BatchBytes {
 		if r.batch, err = r.handOver(r.batch); err != nil {
 			return err
 		}

@@ -132,8 +132,11 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 	cached := scaled("coalesce(t."+col+", 0)") + " + coalesce(wc.delta, 0)"
 	if r.Extremum {
 		// A carried delta of an extremum is a recompute to come, not a
-		// part of the value: the column is measured as it is.
-		cached = "coalesce(hashtextextended(t." + col + "::text, 0), 0)"
+		// part of the value: the column is measured as it is, and a key
+		// with one is not measured at all (NULL: the survey finds it not
+		// off, a read of the key finds no column), since the recompute
+		// sets its column whatever it holds now.
+		cached = "CASE WHEN coalesce(wc.delta, 0) = 0 THEN coalesce(hashtextextended(t." + col + "::text, 0), 0) END"
 	}
 	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t%s WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
 		tkeyID, cached, tgt.Ident(), carried(2), tkeyID, tkey.Full)

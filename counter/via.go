@@ -220,3 +220,34 @@ func ViaSeedSQL(c Counter) string {
 	return fmt.Sprintf(`INSERT INTO %[1]s (%[2]s) SELECT p.%[3]s FROM %[4]s AS p WHERE p.%[3]s IS NOT NULL AND NOT EXISTS (SELECT 1 FROM %[1]s AS v WHERE v.%[2]s = p.%[3]s) ON CONFLICT DO NOTHING`,
 		pgxIdent(vs, vt), ViaParentKey, key, pgxIdent(ps, pt))
 }
+
+// ViaCollectSQL is the statement that deletes up to $1 via rows of the
+// via table of c (one of its counters, or the declared one) that hold
+// nothing any more: a parent deleted, with no source row left. Such a row
+// is all zeros (target, passes and total), no parent row has its key and
+// no source row references it; the rows another transaction holds (a
+// flush) are skipped, and a row a flush changed since the statement began
+// is not deleted unless it is still all zeros. It returns the keys of the
+// rows deleted. A zero row adds nothing above, and a via row is only ever
+// the sum of the deltas for its key: the deltas on their way for a key
+// whose row is deleted create it again (create_missing), so the
+// aggregator does not treat a via row's delete as the end of a row (see
+// aggregator's targetRule.via) and a parent re-created with the same key
+// counts as before.
+func ViaCollectSQL(c Counter) string {
+	th := c.Through
+	vs, vt := SplitTable(ViaTable(th.Counter))
+	ps, pt := SplitTable(th.Table)
+	via := pgxIdent(vs, vt)
+	zero := fmt.Sprintf("v.%s = 0 AND v.%s = 0 AND v.%s = 0", ViaTarget, ViaPasses, ViaTotal)
+	var source string
+	if c.Through.Role == RoleTotal {
+		ss, st := SplitTable(c.Source)
+		source = fmt.Sprintf(" AND NOT EXISTS (SELECT 1 FROM %s AS s WHERE s.%s = v.%s)", pgxIdent(ss, st), pgxIdent(c.Key), ViaParentKey)
+	}
+	return fmt.Sprintf(`WITH c AS (SELECT v.%[1]s FROM %[2]s AS v WHERE %[3]s
+  AND NOT EXISTS (SELECT 1 FROM %[4]s AS p WHERE p.%[5]s = v.%[1]s)%[6]s
+  LIMIT $1 FOR UPDATE OF v SKIP LOCKED)
+DELETE FROM %[2]s AS v USING c WHERE v.%[1]s = c.%[1]s AND %[3]s RETURNING v.%[1]s::text`,
+		ViaParentKey, via, zero, pgxIdent(ps, pt), pgxIdent(th.Key), source)
+}

@@ -42,6 +42,13 @@ type roundResult struct {
 	// ws is W as the snapshot saw it: past the measurement's M0, and so
 	// past everything emitted before it.
 	ws cdc.LSN
+	// recompute is set for a max or min counter: its deltas are not
+	// amounts but recomputes to come (see aggregator's add), and its
+	// truth and column are hashes of the value. A key with pending(k) ≠ 0
+	// is set from the source rows by a flush whose snapshot sees at least
+	// every pending transaction, whatever its column holds now: it is not
+	// off. Any other key is off when its column differs from its truth.
+	recompute bool
 }
 
 // correction returns correction(k) = truth(k) − column(k) − pending(k) of
@@ -51,8 +58,23 @@ func (res *roundResult) correction(k string) (corr, cached int64, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	cached = col + res.pending[k]
-	return res.truth[k] - cached, cached, true
+	corr, cached = res.off(k, res.truth[k], col)
+	return corr, cached, true
+}
+
+// off returns the correction of key k whose true value and column in the
+// snapshot are truth and column, and the value cached: the column with
+// the deltas on their way. A max or min key with recomputes on their way
+// needs none (see recompute).
+func (res *roundResult) off(k string, truth, column int64) (corr, cached int64) {
+	if res.recompute {
+		if res.pending[k] != 0 {
+			return 0, column
+		}
+		return truth - column, column
+	}
+	cached = column + res.pending[k]
+	return truth - cached, cached
 }
 
 // measureRetrying repeats a measurement that a session restart or a
@@ -126,7 +148,7 @@ func (r *Reconciler) measure(ctx context.Context, sql *counter.Resolved, rq *rou
 		return roundResult{}, m.err
 	}
 	lap(3)
-	res.pending, res.moved, res.ws = m.pending, m.moved, ws
+	res.pending, res.moved, res.ws, res.recompute = m.pending, m.moved, ws, sql.Extremum
 	r.log.Debug("measured", zap.String("counter", m.counter), zap.Int64("range_keys", res.surveyed.n),
 		zap.Int("range_off", len(res.surveyed.off)), zap.Int("keys", len(rq.keys)), zap.Int("pending", len(res.pending)),
 		zap.Duration("m0_seconds", took[0]), zap.Duration("checkpoint_seconds", took[1]), zap.Duration("read_seconds", took[2]), zap.Duration("m1_seconds", took[3]))
@@ -285,9 +307,13 @@ func collect(ctx context.Context, tx pgx.Tx, query string, args []any, into map[
 		return err
 	}
 	var k string
-	var v int64
+	var v *int64
 	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
-		into[k] = v
+		// NULL: a max or min key with a recompute carried, not measured
+		// (counter.Resolved.Column).
+		if v != nil {
+			into[k] = *v
+		}
 		return nil
 	})
 	return err

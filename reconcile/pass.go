@@ -250,13 +250,15 @@ func (p *pass) evaluate(rq *roundRequest, res *roundResult, fresh []string, b *b
 		case res.moved[k]:
 			remeasure(k, b, 0)
 		default:
-			first(k, v.truth-v.column-res.pending[k], b)
+			corr, _ := res.off(k, v.truth, v.column)
+			first(k, corr, b)
 		}
 	}
 	// ... and every key of the range with deltas on their way, whose
 	// column equals its true value in the snapshot: its correction is
-	// −pending(k). Keys of other ranges are left to their own.
-	for k, d := range res.pending {
+	// −pending(k) (none for a max or min, whose pending deltas are
+	// recomputes). Keys of other ranges are left to their own.
+	for k := range res.pending {
 		if _, off := res.surveyed.off[k]; off || measured[k] {
 			continue
 		}
@@ -266,7 +268,8 @@ func (p *pass) evaluate(rq *roundRequest, res *roundResult, fresh []string, b *b
 		case !known || res.moved[k]:
 			remeasure(k, b, 0)
 		default:
-			first(k, -d, b)
+			corr, _ := res.off(k, 0, 0) // column = truth
+			first(k, corr, b)
 		}
 	}
 	for k := range res.moved {

@@ -62,6 +62,30 @@ func isDataError(err error) bool {
 	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "P0") || pe.Code == "42501"
 }
 
+// hiddenByPolicy reports whether err is PostgreSQL refusing a statement
+// under row_security = off (Options.RowSecurityOff) because a row-level
+// security policy applies to it.
+func hiddenByPolicy(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42501" && strings.Contains(pe.Message, "query would be affected by row-level security policy")
+}
+
+// partialView is the error of a flush statement that a policy enabled
+// since the session started refused (hiddenByPolicy): ErrPartialView,
+// with the fix when the target (or an extremum's source) is the table
+// hidden.
+func (f *Flusher) partialView(ctx context.Context, b *attemptBatch, refused error) error {
+	check := counter.CheckTargetView
+	if b.t.Extremum {
+		// Its flush reads the source rows too.
+		check = counter.CheckRowViews
+	}
+	if err := check(ctx, f.opt.Pool, b.t.Counter); errors.Is(err, counter.ErrPartialView) {
+		return fmt.Errorf("flush: %w", err)
+	}
+	return fmt.Errorf("flush: counter %s: %w: %v", b.t.Counter.Name, counter.ErrPartialView, refused)
+}
+
 // isLockTimeout reports whether err is lock_timeout's.
 func isLockTimeout(err error) bool {
 	var pe *pgconn.PgError
@@ -111,6 +135,9 @@ func (f *Flusher) chunk(ctx context.Context, tx pgx.Tx, b *attemptBatch, keys []
 		return f.split(ctx, tx, b, keys, deltas, careful, id, out, err, func(key string, delta int64) {
 			f.hold(name, key, delta, out)
 		})
+	}
+	if err != nil && hiddenByPolicy(err) {
+		return 0, 0, f.partialView(ctx, b, err)
 	}
 	if err != nil {
 		if !isDataError(err) {

@@ -122,6 +122,12 @@ type Options struct {
 	// keys is staged and applied in pieces (see Flush).
 	TransactionKeys int
 	TransactionTime time.Duration
+	// RowSecurityOff runs the flush transactions with row_security = off:
+	// set when no row-level security policy applies to walcount's role on
+	// any counter's tables, so that a policy enabled while the flusher
+	// runs makes the flush fail (ErrPartialView) instead of taking a row
+	// it hides for a deleted one and dropping its deltas.
+	RowSecurityOff bool
 }
 
 // Flusher applies the Redis buffer to PostgreSQL. Its methods are safe for
@@ -379,9 +385,13 @@ func (f *Flusher) begin(ctx context.Context, statement time.Duration) (pgx.Tx, e
 	if err != nil {
 		return nil, fmt.Errorf("begin flush: %w", err)
 	}
+	rowSecurity := "on"
+	if f.opt.RowSecurityOff {
+		rowSecurity = "off"
+	}
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
-set_config('idle_in_transaction_session_timeout', $3, true)`,
-		ms(f.opt.LockTimeout), ms(statement), ms(f.opt.IdleTimeout)); err != nil {
+set_config('idle_in_transaction_session_timeout', $3, true), set_config('row_security', $4, true)`,
+		ms(f.opt.LockTimeout), ms(statement), ms(f.opt.IdleTimeout), rowSecurity); err != nil {
 		_ = tx.Rollback(context.Background())
 		return nil, fmt.Errorf("begin flush: set timeouts: %w", err)
 	}
@@ -408,11 +418,22 @@ func (f *Flusher) committed(w cdc.LSN) {
 	f.opt.FlushLog.prune(w)
 	f.lastFlush = time.Now()
 	f.opt.Metrics.CheckpointLSN.Set(float64(w))
-	if f.opt.Lag != nil {
-		f.opt.Lag.Applied(w, f.lastFlush, f.opt.Metrics.ApplyLag)
+	if !f.drainDue {
+		f.lagApplied()
 	}
 	if f.opt.Ack != nil {
 		f.opt.Ack(w)
+	}
+}
+
+// lagApplied observes the apply lag of the transactions up to W: their
+// deltas are in the counter columns. Not while a drain is due: a W that a
+// staging transaction moved (flushBig) holds deltas that are still in
+// walcount.carried, to be applied piece by piece, and the lag of its
+// transactions goes on until the drain's last piece committed.
+func (f *Flusher) lagApplied() {
+	if f.opt.Lag != nil {
+		f.opt.Lag.Applied(f.w, time.Now(), f.opt.Metrics.ApplyLag)
 	}
 }
 

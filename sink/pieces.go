@@ -34,13 +34,17 @@ func (f *Flusher) flushBig(ctx context.Context, start time.Time, h buffer.Handed
 		f.opt.Metrics.FlushErrors.Inc()
 		return false, err
 	}
+	if staged {
+		// Set before end moves W: the staged deltas are not in the
+		// columns yet (see lagApplied).
+		f.drainDue = true
+	}
 	if err := f.end(ctx, h.From, h.Upto); err != nil {
 		return false, err
 	}
 	if !staged {
 		return true, nil
 	}
-	f.drainDue = true
 	pieces, err := f.drainCount(ctx)
 	if err != nil {
 		f.opt.Metrics.FlushErrors.Inc()
@@ -158,6 +162,7 @@ func (f *Flusher) drainCount(ctx context.Context) (int, error) {
 		}
 		if !more {
 			f.drainDue = false
+			f.lagApplied()
 			return pieces, nil
 		}
 		cursor = next

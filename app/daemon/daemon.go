@@ -65,6 +65,9 @@ type Options struct {
 	// ParkRetry is how long a parked key waits before a flush tries it
 	// again; zero uses sink.DefaultParkRetry.
 	ParkRetry time.Duration
+	// ViaCollectInterval is how often the via rows of deleted parents
+	// are deleted (CollectVia); zero uses DefaultViaCollectInterval.
+	ViaCollectInterval time.Duration
 	// FlushChunk, FlushTransactionKeys and FlushTransactionTime bound
 	// the flush's statements and transactions (sink.Options ChunkSize,
 	// TransactionKeys and TransactionTime); zero uses the config's
@@ -159,6 +162,9 @@ type daemonState struct {
 
 // New connects nothing yet; it validates the URLs and builds the clients.
 func New(opt Options) (*Daemon, error) {
+	if opt.ViaCollectInterval <= 0 {
+		opt.ViaCollectInterval = DefaultViaCollectInterval
+	}
 	if opt.ShutdownTimeout <= 0 {
 		opt.ShutdownTimeout = DefaultShutdownTimeout
 	}
@@ -280,10 +286,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// everything (design rule 12).
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	// The four goroutines that live as long as Run run under one group;
+	// The goroutines that live as long as Run run under one group;
 	// the first of them to fail for good (a lost slot, a crash test)
 	// cancels ctx with its error as the cause, which the loop below
-	// reports. Run returns only after all four returned.
+	// reports. Run returns only after all of them returned.
 	var bg errgroup.Group
 	defer func() { cancel(nil); _ = bg.Wait() }()
 	// Reconciliation runs for the daemon's lifetime too; its measurements
@@ -312,11 +318,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// about an unlimited max_slot_wal_keep_size.
 	bg.Go(func() error { d.observe(ctx); return nil })
 	bg.Go(func() error { d.watchPartitions(ctx); return nil })
+	bg.Go(func() error { d.collectVia(ctx); return nil })
+	bg.Go(func() error { d.watchTargetViews(ctx, cancel); return nil })
 	backoff := d.opt.RetryMin
 	for {
 		start := time.Now()
 		err := classifyPooling(d.session(ctx))
-		if cause := context.Cause(ctx); isSlotLost(cause) || errors.Is(cause, failpoint.ErrCrash) {
+		if cause := context.Cause(ctx); isSlotLost(cause) || errors.Is(cause, failpoint.ErrCrash) || errors.Is(cause, counter.ErrPartialView) {
 			d.setErr(cause)
 			d.logStop(cause)
 			return cause

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -261,5 +262,52 @@ UPDATE posts p SET likes_count = (SELECT count(*) FROM likes l WHERE l.post_id =
 	e.assertExact()
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRowSecurityEnabledOnTargetWhileRunning: a policy that lets
+// walcount's role see only some posts is enabled while the daemon
+// streams. Before, nothing noticed it until the next session's start, and
+// meanwhile the flush took every hidden post for a deleted one and dropped
+// its likes. Now the daemon notices at once, without a restart: the next
+// flush that meets a hidden row fails instead of dropping it (the flush
+// runs with row_security = off), and the periodic check stops the daemon
+// with the fix, as at a start. Nothing is lost: once the policy lets the
+// role see every post, a new daemon applies every like.
+func TestRowSecurityEnabledOnTargetWhileRunning(t *testing.T) {
+	t.Parallel()
+	// With likes after the policy, the flush meets it first; without,
+	// only the periodic check can.
+	for _, likes := range []bool{true, false} {
+		t.Run(fmt.Sprintf("likes=%v", likes), func(t *testing.T) {
+			t.Parallel()
+			e := newEnvWith(t, schema, nil)
+			e.asRole(t, "walcount_rls", false)
+			d := e.start()
+			e.exec("INSERT INTO likes (post_id) SELECT 1 + g % 50 FROM generate_series(1, 100) g")
+			e.waitCaughtUp(catchUp)
+			e.assertExact()
+			e.exec("ALTER TABLE posts ENABLE ROW LEVEL SECURITY")
+			e.exec("CREATE POLICY firsthalf ON posts USING (id <= 25)")
+			if likes {
+				e.exec("INSERT INTO likes (post_id) SELECT 1 + g % 50 FROM generate_series(1, 100) g")
+			}
+			err := d.wait(t, time.Minute)
+			if !errors.Is(err, counter.ErrPartialView) || !strings.Contains(err.Error(), "CREATE POLICY walcount_all ON public.posts FOR ALL TO walcount_rls USING (true) WITH CHECK (true);") {
+				t.Fatalf("Run = %v, want it stopped by the policy on posts, with the fix", err)
+			}
+			e.exec("CREATE POLICY walcount_all ON posts FOR ALL TO walcount_rls USING (true) WITH CHECK (true)")
+			d = e.start()
+			e.waitCaughtUp(catchUp)
+			e.assertExact()
+			want := map[bool]int64{true: 4, false: 2}[likes]
+			var short int64
+			if err := e.db.QueryRow(context.Background(), "SELECT count(*) FROM posts WHERE likes_count <> $1", want).Scan(&short); err != nil || short != 0 {
+				t.Errorf("%d posts without their %d likes (%v)", short, want, err)
+			}
+			if err := d.stop(t); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -89,10 +89,16 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 	// A target row that row-level security hides from the flush would
 	// look deleted, and its deltas would be dropped. (A source's policies
 	// do not matter to the stream, only to reconciliation.)
+	rowSecurityOff := true
 	for _, c := range d.cfg.Counters {
 		if err := counter.CheckTargetView(ctx, d.pool, c); err != nil {
 			return nil, err
 		}
+		none, err := counter.NoRowSecurity(ctx, d.pool, c)
+		if err != nil {
+			return nil, err
+		}
+		rowSecurityOff = rowSecurityOff && none
 	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
 		Pool:       d.pool,
@@ -105,8 +111,11 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Logger:     d.log,
 		Failpoints: d.opt.Failpoints,
 		FlushLog:   d.flushes,
-		ParkRetry:  d.opt.ParkRetry,
-		ChunkSize:  d.opt.FlushChunk,
+		// A policy enabled during the session makes a flush fail rather
+		// than drop the rows it hides (see watchTargetViews).
+		RowSecurityOff: rowSecurityOff,
+		ParkRetry:      d.opt.ParkRetry,
+		ChunkSize:      d.opt.FlushChunk,
 
 		TransactionKeys: d.opt.FlushTransactionKeys,
 		TransactionTime: cmp.Or(d.opt.FlushTransactionTime, d.cfg.FlushLockTime),

@@ -34,6 +34,9 @@ const (
 	// AfterCorrection fires after a reconciliation emitted its
 	// corrections into the WAL, before any flush applied them.
 	AfterCorrection = "reconcile.after-correction"
+	// ViaCollect fires after a collection of via rows deleted a batch of
+	// them, before its commit.
+	ViaCollect = "daemon.via-collect"
 )
 
 // ErrCrash is returned by an armed failpoint. Whoever receives it must

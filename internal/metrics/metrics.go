@@ -233,6 +233,9 @@ type Metrics struct {
 	ReconcileCorrections *prometheus.CounterVec
 	// ReconcileKeysChecked counts keys measured, by counter.
 	ReconcileKeysChecked *prometheus.CounterVec
+	// ViaRowsCollected counts the via rows deleted because they hold
+	// nothing any more (a deleted parent), by declared counter.
+	ViaRowsCollected *prometheus.CounterVec
 
 	// BuildInfo is 1, labelled with what the binary is (version,
 	// revision, modified, goversion); set it with SetBuildInfo.
@@ -363,6 +366,10 @@ func New() *Metrics {
 			Namespace: Namespace, Name: "reconcile_keys_checked_total",
 			Help: "Keys measured by reconciliation, by counter.",
 		}, []string{LabelCounter}),
+		ViaRowsCollected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "via_rows_collected_total",
+			Help: "Rows of a via table deleted because they hold nothing any more (their parent was deleted and no source row references it), by counter through a parent.",
+		}, []string{LabelCounter}),
 
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "build_info",
@@ -386,7 +393,7 @@ func New() *Metrics {
 		m.Flushes, m.FlushErrors, m.FlushPieces, m.FlushDuration, m.DeltasFlushed, m.ExtremumRecomputes, m.DeltasDropped, m.TargetRowsCreated, m.BufferKeys, m.ApplyLag,
 		m.ForgedMessages,
 		m.FlushKeysDeferred, m.FlushOldestDeferredSeconds, m.KeysParked,
-		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked,
+		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked, m.ViaRowsCollected,
 		m.BuildInfo,
 	)
 
