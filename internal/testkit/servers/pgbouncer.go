@@ -84,11 +84,8 @@ func StartPgBouncer(ctx context.Context, opt PgBouncerOptions) (*PgBouncer, erro
 	for _, u := range opt.Users {
 		fmt.Fprintf(&users, "%q \"\"\n", u)
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultStartTimeout)
-		defer cancel()
-	}
+	ctx, cancel := withStartTimeout(ctx)
+	defer cancel()
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {

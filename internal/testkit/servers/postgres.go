@@ -265,19 +265,12 @@ func quoteSetting(v string) string {
 func (p *Postgres) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return fmt.Errorf("start postgres: %w", ErrClosed)
-	}
-	if p.proc != nil && !p.proc.exited() {
-		return fmt.Errorf("start postgres: %w", ErrRunning)
+	if err := startable("postgres", p.closed, p.proc); err != nil {
+		return err
 	}
 	p.proc = nil
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultStartTimeout)
-		defer cancel()
-	}
-
+	ctx, cancel := withStartTimeout(ctx)
+	defer cancel()
 	began := time.Now()
 	if err := retryPort(ctx, &p.port, "postgres", p.logger, p.startOnce); err != nil {
 		return fmt.Errorf("start postgres: %w", err)
