@@ -449,18 +449,11 @@ func sameSystem(a, b string) bool {
 // for a heartbeat interval, so W and the slot move while the sources are
 // idle and other tables fill the WAL (design rule 8).
 func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
-	t := time.NewTicker(d.cfg.HeartbeatInterval)
-	defer t.Stop()
 	last := s.ReceivedLSN()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = everyTick(ctx, d.cfg.HeartbeatInterval, func() error {
 		if cur := s.ReceivedLSN(); cur != last {
 			last = cur
-			continue
+			return nil
 		}
 		content := fmt.Sprintf(`{"heartbeat":%q,"slot":%q}`, time.Now().UTC().Format(time.RFC3339Nano), d.cfg.Slot)
 		if _, err := cdc.EmitMessage(ctx, d.pool, content); err != nil && ctx.Err() == nil {
@@ -468,7 +461,8 @@ func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 			// heartbeat only delays W.
 			d.log.Warn("heartbeat failed", zap.Error(err))
 		}
-	}
+		return nil
+	})
 }
 
 // stampBuffer marks the Redis chain as this deployment's every
@@ -477,18 +471,12 @@ func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 // buffer.CheckOwner). A failed stamp is retried at the next tick; a chain
 // that is no longer this system's is the next Redis write's business.
 func (d *Daemon) stampBuffer(ctx context.Context, sys string) {
-	t := time.NewTicker(buffer.AliveInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = everyTick(ctx, buffer.AliveInterval, func() error {
 		rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 		_, _ = d.buf.MarkAlive(rctx, sys, time.Now())
 		cancel()
-	}
+		return nil
+	})
 }
 
 // streamObserver exports the stream's progress.
