@@ -62,17 +62,11 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	if err != nil {
 		return res, err
 	}
-	wc, err := startWalcount(b.bin, b.tmp, c)
+	wc, err := startReady(ctx, b, c)
 	if err != nil {
 		return res, err
 	}
 	defer wc.stop()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = wc.waitMetrics(sctx)
-	cancel()
-	if err != nil {
-		return res, err
-	}
 
 	lctx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
