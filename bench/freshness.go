@@ -47,6 +47,16 @@ type freshResult struct {
 // probe returns the q-quantile of the probes' delays; probes is sorted.
 func (r freshResult) probe(q float64) time.Duration { return stats.Quantile(r.probes, q) }
 
+// usageAndLikes reads walcount's CPU and memory and the likes counted.
+func usageAndLikes(ctx context.Context, wc *walcountProc, c *cluster) (usage, int64, error) {
+	u, err := wc.usage()
+	if err != nil {
+		return u, 0, err
+	}
+	likes, err := c.likesCount(ctx)
+	return u, likes, err
+}
+
 // runFreshness measures apply lag at a fixed rate on a fresh cluster.
 func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, error) {
 	res := freshResult{target: rate}
@@ -88,11 +98,7 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 		return res, err
 	}
 	lag0 := lagBuckets(fams)
-	u0, err := wc.usage()
-	if err != nil {
-		return res, err
-	}
-	likes0, err := c.likesCount(ctx)
+	u0, likes0, err := usageAndLikes(ctx, wc, c)
 	if err != nil {
 		return res, err
 	}
@@ -105,11 +111,7 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	}
 	pr.setWindowEnd(time.Now())
 	window := time.Since(windowStart)
-	u1, err := wc.usage()
-	if err != nil {
-		return res, err
-	}
-	likes1, err := c.likesCount(ctx)
+	u1, likes1, err := usageAndLikes(ctx, wc, c)
 	if err != nil {
 		return res, err
 	}
