@@ -383,17 +383,14 @@ func (p *Postgres) Stop(ctx context.Context, mode string) error {
 func (p *Postgres) Running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.proc != nil && !p.proc.exited()
+	return p.proc.running()
 }
 
 // PID returns the postmaster's process id, or 0 while it is stopped.
 func (p *Postgres) PID() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.proc == nil || p.proc.exited() {
-		return 0
-	}
-	return p.proc.cmd.Process.Pid
+	return p.proc.pid()
 }
 
 // SetSettings writes the settings into postgresql.auto.conf, as ALTER SYSTEM

@@ -162,6 +162,18 @@ func withStartTimeout(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, DefaultStartTimeout)
 }
 
+// running reports whether p is a process that has not exited; a nil p
+// (a server stopped) is not running.
+func (p *process) running() bool { return p != nil && !p.exited() }
+
+// pid returns p's process id, or 0 when it is not running.
+func (p *process) pid() int {
+	if !p.running() {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // exited reports whether the process has exited.
 func (p *process) exited() bool {
 	select {

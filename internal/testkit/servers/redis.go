@@ -159,17 +159,14 @@ func (r *Redis) Kill() error {
 func (r *Redis) Running() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.proc != nil && !r.proc.exited()
+	return r.proc.running()
 }
 
 // PID returns the server's process id, or 0 while it is stopped.
 func (r *Redis) PID() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.proc == nil || r.proc.exited() {
-		return 0
-	}
-	return r.proc.cmd.Process.Pid
+	return r.proc.pid()
 }
 
 // Close kills the server and removes its directory. It is idempotent.

@@ -374,17 +374,14 @@ func (n *RedisNode) ID() string { return n.id }
 func (n *RedisNode) Running() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.proc != nil && !n.proc.exited()
+	return n.proc.running()
 }
 
 // PID returns the node's process id, or 0 while it is stopped.
 func (n *RedisNode) PID() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.proc == nil || n.proc.exited() {
-		return 0
-	}
-	return n.proc.cmd.Process.Pid
+	return n.proc.pid()
 }
 
 // Dir returns the node's directory (config, log, nodes.conf).
