@@ -11,6 +11,7 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 const catchUp = 60 * time.Second
@@ -327,14 +328,9 @@ func TestDrainBacklog(t *testing.T) {
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !wait.Until(30*time.Second, 50*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for: %s", what)
 	}
-	t.Fatalf("timed out waiting for: %s", what)
 }
 
 // TestPostgresFastShutdownWithDaemonConnected stops PostgreSQL the
