@@ -106,14 +106,14 @@ func TestCrashPoints(t *testing.T) {
 
 // underDisruption runs a workload of clients×ops against a daemon while
 // disrupt breaks something, then checks that the counts end exact.
-func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env)) {
+func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env, w *workload)) {
 	t.Helper()
 	e := newEnv(t)
 	d := e.start()
 	w := newWorkload(e.db)
 	done := make(chan struct{})
 	go func() { defer close(done); w.run(context.Background(), clients, ops) }()
-	disrupt(e)
+	disrupt(e, w)
 	<-done
 	w.report(t)
 	// More traffic once everything is back.
@@ -127,10 +127,10 @@ func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env)) {
 
 func TestRedisFlushAllMidStream(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 400, func(e *env) {
+	underDisruption(t, 4, 400, func(e *env, w *workload) {
 		rdb := e.rdb()
 		for i := 0; i < 3; i++ {
-			time.Sleep(300 * time.Millisecond)
+			w.waitOps(t, 150)
 			if err := rdb.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -140,12 +140,14 @@ func TestRedisFlushAllMidStream(t *testing.T) {
 
 func TestRedisKilledAndRestarted(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 400, func(e *env) {
-		time.Sleep(400 * time.Millisecond)
+	underDisruption(t, 4, 400, func(e *env, w *workload) {
+		w.waitOps(t, 200)
 		if err := e.redis.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(700 * time.Millisecond)
+		// Redis stays down until walcount noticed, the load going on.
+		waitSessionDown(t, e.last)
+		w.waitOps(t, 100)
 		if err := e.redis.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -154,13 +156,14 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 
 func TestPostgresCrashAndRestart(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 600, func(e *env) {
-		time.Sleep(500 * time.Millisecond)
+	underDisruption(t, 4, 600, func(e *env, w *workload) {
+		w.waitOps(t, 250)
 		ctx := context.Background()
 		if err := e.pg.Stop(ctx, "immediate"); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
+		// PostgreSQL stays down until walcount noticed.
+		waitSessionDown(t, e.last)
 		if err := e.pg.Start(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -63,7 +63,7 @@ func TestPartitionedSource(t *testing.T) {
 	}
 	for _, s := range steps {
 		stop := w.background(2, 10)
-		time.Sleep(300 * time.Millisecond)
+		w.waitCommitted(t, 30)
 		if s.name == "drop a partition" || s.name == "detach a partition" {
 			// likes_c must hold rows when it goes.
 			e.exec("INSERT INTO likes (post_id) SELECT 35 + g % 15 FROM generate_series(1, 30) g")
@@ -76,7 +76,7 @@ func TestPartitionedSource(t *testing.T) {
 			e.exec(ddl)
 		}
 		marked := time.Now()
-		time.Sleep(300 * time.Millisecond)
+		w.waitOps(t, 30)
 		stop()
 		if s.name == "create an empty partition" {
 			// No rows bypassed the WAL: nothing to repair.

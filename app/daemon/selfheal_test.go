@@ -45,7 +45,7 @@ func TestReplicaIdentityLostAndRestored(t *testing.T) {
 	w := newWorkload(e.db)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(ctx, 3, 300) })
-	time.Sleep(200 * time.Millisecond)
+	w.waitCommitted(t, 50)
 	e.exec("ALTER TABLE likes REPLICA IDENTITY DEFAULT")
 	for i := 0; i < 20; i++ {
 		e.exec("DELETE FROM likes WHERE id = (SELECT min(id) FROM likes)")
