@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
 	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
