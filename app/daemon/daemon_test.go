@@ -238,6 +238,9 @@ func TestIdleSlotAdvances(t *testing.T) {
 		if _, err := e.db.Exec(ctx, "INSERT INTO events (payload) SELECT repeat('x', 1000) FROM generate_series(1, 5000)"); err != nil {
 			t.Fatal(err)
 		}
+		// Paces the bursts: the test samples the lag the heartbeats
+		// leave between them, so the time between bursts is the
+		// measurement, not a wait for an event.
 		time.Sleep(200 * time.Millisecond)
 		if round < 5 {
 			continue // let the first heartbeats go round
@@ -351,6 +354,9 @@ func TestPostgresFastShutdownWithDaemonConnected(t *testing.T) {
 	if _, err := e.db.Exec(ctx, "INSERT INTO events (payload) SELECT 'x' FROM generate_series(1, 1000)"); err != nil {
 		t.Fatal(err)
 	}
+	// The unrelated WAL is sent to walcount, which confirms no
+	// transaction of its in it: the shutdown must not wait on that. The
+	// walsender reports nothing the test could wait for.
 	time.Sleep(300 * time.Millisecond)
 	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()

@@ -121,7 +121,11 @@ func TestDecodeOnStandby(t *testing.T) {
 	if _, err := sb.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond) // the standby applies what it has; walcount flushes it on the primary
+	// The standby applies what it has and walcount flushes it on the
+	// primary, flushes the standby will never have. Neither end is an
+	// event walcount or the servers report (a flush may or may not
+	// follow the last record applied), so the test gives it time.
+	time.Sleep(1500 * time.Millisecond)
 	if err := e.pg.Stop(ctx, servers.StopImmediate); err != nil {
 		t.Fatal(err)
 	}

@@ -66,6 +66,8 @@ func killTwice(t *testing.T, env []string, addr string) *proc {
 		p := startWalcount(t, env, "run")
 		killed = append(killed, p)
 		waitStreaming(t, p, addr)
+		// A random lifetime, so that the SIGKILL falls anywhere in the
+		// flush cycle: the point of the test, not a wait for an event.
 		time.Sleep(time.Duration(300+rand.IntN(900)) * time.Millisecond)
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
