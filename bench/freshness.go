@@ -217,36 +217,23 @@ func (p *prober) lags() []time.Duration {
 func (p *prober) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(probeInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		every(ctx, probeInterval, func() bool {
 			if _, err := p.c.db.Exec(ctx, insertSQL, probePost, 0); err != nil {
-				return
+				return false
 			}
 			now := time.Now()
 			p.mu.Lock()
 			p.committed = append(p.committed, now)
 			p.mu.Unlock()
-		}
+			return true
+		})
 	})
 	wg.Go(func() {
 		seen := int64(0)
-		t := time.NewTicker(probePoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		every(ctx, probePoll, func() bool {
 			var n int64
 			if err := p.c.db.QueryRow(ctx, `SELECT likes_count FROM posts WHERE id = $1`, probePost).Scan(&n); err != nil {
-				return
+				return false
 			}
 			now := time.Now()
 			p.mu.Lock()
@@ -257,7 +244,25 @@ func (p *prober) run(ctx context.Context) {
 				}
 			}
 			p.mu.Unlock()
-		}
+			return true
+		})
 	})
 	wg.Wait()
+}
+
+// every calls fn every interval, the first time one interval from now,
+// until ctx is done or fn returns false.
+func every(ctx context.Context, interval time.Duration, fn func() bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !fn() {
+			return
+		}
+	}
 }
