@@ -112,7 +112,11 @@ func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env, w *wor
 	d := e.start()
 	w := newWorkload(e.db)
 	done := make(chan struct{})
-	go func() { defer close(done); w.run(context.Background(), clients, ops) }()
+	go func() {
+		defer close(done)
+		w.run(context.Background(), clients, ops)
+		w.ended.Store(true)
+	}()
 	disrupt(e, w)
 	<-done
 	w.report(t)

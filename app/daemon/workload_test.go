@@ -26,6 +26,9 @@ type workload struct {
 	db      *pgxpool.Pool
 	posts   int
 	ok, bad atomic.Int64
+	// ended is set once a finite run of the workload returned
+	// (underDisruption's): waitOps has no more operations to wait for.
+	ended atomic.Bool
 }
 
 func newWorkload(db *pgxpool.Pool) *workload { return &workload{db: db, posts: 50} }
@@ -41,13 +44,14 @@ func (w *workload) waitCommitted(t testing.TB, n int64) {
 	})
 }
 
-// waitOps is waitCommitted counting failed operations too: under a
-// disruption that fails them, the load goes on all the same.
+// waitOps is waitCommitted counting failed operations too (under a
+// disruption that fails them, the load goes on all the same), and ending
+// early when the workload has ended.
 func (w *workload) waitOps(t testing.TB, n int64) {
 	t.Helper()
 	from := w.ok.Load() + w.bad.Load()
 	wait.For(t, time.Minute, fmt.Sprintf("%d more operations of the workload", n), func() bool {
-		return w.ok.Load()+w.bad.Load() >= from+n
+		return w.ok.Load()+w.bad.Load() >= from+n || w.ended.Load()
 	})
 }
 
