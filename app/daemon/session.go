@@ -62,6 +62,27 @@ type liveSession struct {
 	closed  bool
 }
 
+// checkSessionState refuses a session on a state schema of another
+// version (it would be read or written wrongly), on a column another slot
+// keeps (it would be counted twice) and on a target row that row-level
+// security hides from the flush (it would look deleted, and its deltas
+// would be dropped; a source's policies do not matter to the stream, only
+// to reconciliation).
+func (d *Daemon) checkSessionState(ctx context.Context) error {
+	if err := state.CheckVersion(ctx, d.pool); err != nil {
+		return err
+	}
+	if err := state.CheckOwnership(ctx, d.pool, d.cfg.Slot, d.cfg.Counters); err != nil {
+		return err
+	}
+	for _, c := range d.cfg.Counters {
+		if err := counter.CheckTargetView(ctx, d.pool, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // openSession checks the state schema, reads W, takes the slot (it fails
 // with cdc.ErrSlotInUse while another walcount holds it) and makes Redis
 // continue W (docs/design.md §4). Nothing is consumed yet.
@@ -78,21 +99,8 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 			pre.Close() // the session did not take it over
 		}
 	}()
-	// A schema of another version would be read or written wrongly, and
-	// a column another slot keeps would be counted twice.
-	if err := state.CheckVersion(ctx, d.pool); err != nil {
+	if err := d.checkSessionState(ctx); err != nil {
 		return nil, err
-	}
-	if err := state.CheckOwnership(ctx, d.pool, d.cfg.Slot, d.cfg.Counters); err != nil {
-		return nil, err
-	}
-	// A target row that row-level security hides from the flush would
-	// look deleted, and its deltas would be dropped. (A source's policies
-	// do not matter to the stream, only to reconciliation.)
-	for _, c := range d.cfg.Counters {
-		if err := counter.CheckTargetView(ctx, d.pool, c); err != nil {
-			return nil, err
-		}
 	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
 		Pool:       d.pool,
