@@ -46,17 +46,3 @@ func For(tb testing.TB, within time.Duration, what string, cond func() bool) {
 		tb.Fatalf("timed out after %s waiting for %s", within, what)
 	}
 }
-
-// Pause blocks for d, or until done is closed; it reports whether the
-// whole of d passed. It is for loops that pace work (a load generator's
-// rate), not for waiting on a condition.
-func Pause(d time.Duration, done <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-done:
-		return false
-	}
-}

@@ -25,14 +25,3 @@ func TestUntilGivesUp(t *testing.T) {
 		t.Fatalf("cond called %d times: asked once at the start and once at the deadline at least", calls.Load())
 	}
 }
-
-func TestPauseEndsWhenDone(t *testing.T) {
-	done := make(chan struct{})
-	close(done)
-	if Pause(time.Hour, done) {
-		t.Fatal("Pause waited out its time though done was closed")
-	}
-	if !Pause(time.Millisecond, nil) {
-		t.Fatal("Pause did not report its whole time")
-	}
-}
