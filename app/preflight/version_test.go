@@ -54,8 +54,10 @@ func TestVersionDependentChecks(t *testing.T) {
 	f.exec(t, "SELECT pg_reload_conf()")
 	var got string
 	if !wait.Until(30*time.Second, 20*time.Millisecond, func() bool {
-		err = f.conn.QueryRow(ctx, "SHOW idle_replication_slot_timeout").Scan(&got)
-		return err == nil && got == "1h"
+		if err = f.conn.QueryRow(ctx, "SHOW idle_replication_slot_timeout").Scan(&got); err != nil {
+			t.Fatalf("idle_replication_slot_timeout = %q, %v; want 1h after the reload", got, err)
+		}
+		return got == "1h"
 	}) {
 		t.Fatalf("idle_replication_slot_timeout = %q, %v; want 1h after the reload", got, err)
 	}
