@@ -137,34 +137,43 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	res.cpu = u1.cpu - u0.cpu
 	res.peakRSS = u1.peakRSS
 
+	err = freshTotals(ctx, b, c, wc, &res, updates0)
+	return res, err
+}
+
+// freshTotals, once the load stopped and the run caught up, reads the
+// flushes and deltas, stops walcount, verifies the counts and counts the
+// UPDATEs on posts and the likes; then it logs the run.
+func freshTotals(ctx context.Context, b *bench, c *cluster, wc *walcountProc, res *freshResult, updates0 int64) error {
 	if err := c.caughtUp(ctx, 2*time.Minute); err != nil {
-		return res, err
+		return err
 	}
-	if fams, err = wc.scrape(ctx); err != nil {
-		return res, err
+	fams, err := wc.scrape(ctx)
+	if err != nil {
+		return err
 	}
 	res.flushes = metricValue(fams, "walcount_flushes_total")
 	res.deltas = metricValue(fams, "walcount_deltas_flushed_total")
 	if err := wc.stop(); err != nil {
-		return res, err
+		return err
 	}
 	if err := c.verify(ctx); err != nil {
-		return res, err
+		return err
 	}
 	res.exact = true
 	time.Sleep(500 * time.Millisecond)
 	updates1, err := c.postUpdates(ctx)
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.updates = updates1 - updates0
 	if res.total, err = c.likesCount(ctx); err != nil {
-		return res, err
+		return err
 	}
 	b.logf("  target %.0f likes/s, achieved %.0f: apply lag p50 %.3fs p99 %.3fs (histogram, p99 bucket ≤ %gs); probe p50 %s p99 %s (%d probes); %.1f UPDATEs on posts per 100k likes",
 		res.target, res.achieved, res.lagP50, res.lagP99, res.lagBucketP99, res.probe(0.5), res.probe(0.99), len(res.probes),
 		float64(res.updates)/float64(res.total)*1e5)
-	return res, nil
+	return nil
 }
 
 // bucketBound returns the upper bound of the bucket that holds the
