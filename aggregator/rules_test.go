@@ -14,6 +14,7 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // likes(id, post_id, state, weight) with REPLICA IDENTITY FULL.
@@ -440,10 +441,7 @@ func TestRunCoalescesSingleRowTransactions(t *testing.T) {
 		in <- &cdc.Batch{Events: txn(uint32(i), lsn, lsn+8, ins("1"))}
 	}
 	// Nothing more arrives: the age bound alone must write the batch.
-	deadline := time.Now().Add(10 * time.Second)
-	for buf.calls.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(10*time.Second, 10*time.Millisecond, func() bool { return buf.calls.Load() != 0 })
 	close(in)
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -76,17 +76,11 @@ func runAppSideOnce(ctx context.Context, b *bench, with bool) (appSideResult, er
 		if err := c.setup(ctx); err != nil {
 			return res, err
 		}
-		wc, err := startWalcount(b.bin, b.tmp, c)
+		wc, err := startReady(ctx, b, c)
 		if err != nil {
 			return res, err
 		}
 		defer wc.stop()
-		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err = wc.waitMetrics(sctx)
-		cancel()
-		if err != nil {
-			return res, err
-		}
 	}
 	window := 15 * time.Second
 	if b.quick {

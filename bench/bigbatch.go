@@ -101,6 +101,7 @@ func bigOne(ctx context.Context, b *bench, n int64, kill bool) (bigResult, error
 	if err != nil {
 		return res, err
 	}
+	// wc is the walcount running: the one started after a SIGKILL.
 	defer func() { _ = wc.stop() }()
 	if err := wc.waitMetrics(ctx); err != nil {
 		return res, err
@@ -110,27 +111,68 @@ func bigOne(ctx context.Context, b *bench, n int64, kill bool) (bigResult, error
 	}
 	_ = rdb.SlowLogReset(ctx).Err()
 
-	// The probes: a PING, and an app's lock of a random post's row, one
-	// after the other, until the batch is exact.
-	pctx, stopProbes := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	wg.Add(2)
+	probes := startBigProbes(ctx, rdb, c, n)
+	defer probes.stop()
+
+	began := time.Now()
+	if _, err := c.db.Exec(ctx, `INSERT INTO likes (post_id, user_id) SELECT g, 1 FROM generate_series(1, $1::bigint) g`, n); err != nil {
+		return res, fmt.Errorf("bulk insert: %w", err)
+	}
+	committed := time.Now()
+	res.insert = committed.Sub(began)
+	if kill {
+		next, err := killMidFlush(ctx, b, c, wc)
+		if next != nil {
+			wc = next
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	if res.exact, err = waitBigExact(ctx, c, wc, n, committed); err != nil {
+		return res, err
+	}
+	probes.stop()
+	res.ping, res.pings = probes.ping, probes.pings
+	res.lock, res.locks, res.slowLock = probes.lock, probes.locks, probes.slowLock
+	if err := bigFigures(ctx, c, wc, rdb, &res); err != nil {
+		return res, err
+	}
+	return res, wc.stop()
+}
+
+// bigProbes are a PING, and an app's lock of a random post's row, each
+// one after the other, until the batch is exact; the figures are theirs
+// once stopped.
+type bigProbes struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+
+	ping, lock   time.Duration
+	pings, locks int
+	slowLock     int
+}
+
+func startBigProbes(ctx context.Context, rdb redis.UniversalClient, c *cluster, n int64) *bigProbes {
+	pctx, cancel := context.WithCancel(ctx)
+	p := &bigProbes{cancel: cancel}
+	p.wg.Add(2)
 	go func() {
-		defer wg.Done()
+		defer p.wg.Done()
 		for pctx.Err() == nil {
 			t := time.Now()
 			if err := rdb.Ping(pctx).Err(); err == nil {
 				d := time.Since(t)
-				mu.Lock()
-				res.ping, res.pings = max(res.ping, d), res.pings+1
-				mu.Unlock()
+				p.mu.Lock()
+				p.ping, p.pings = max(p.ping, d), p.pings+1
+				p.mu.Unlock()
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
 	go func() {
-		defer wg.Done()
+		defer p.wg.Done()
 		for pctx.Err() == nil {
 			// In a transaction rolled back: the time is the lock's
 			// alone, not also a commit's wait for the WAL's flush to
@@ -147,94 +189,99 @@ func bigOne(ctx context.Context, b *bench, n int64, kill bool) (bigResult, error
 			d := time.Since(t)
 			_ = tx.Rollback(context.Background())
 			if err == nil {
-				mu.Lock()
-				res.lock, res.locks = max(res.lock, d), res.locks+1
+				p.mu.Lock()
+				p.lock, p.locks = max(p.lock, d), p.locks+1
 				if d > 500*time.Millisecond {
-					res.slowLock++
+					p.slowLock++
 				}
-				mu.Unlock()
+				p.mu.Unlock()
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
-	defer func() { stopProbes(); wg.Wait() }()
+	return p
+}
 
-	began := time.Now()
-	if _, err := c.db.Exec(ctx, `INSERT INTO likes (post_id, user_id) SELECT g, 1 FROM generate_series(1, $1::bigint) g`, n); err != nil {
-		return res, fmt.Errorf("bulk insert: %w", err)
+// stop ends the probes and waits for them; calling it again is harmless.
+func (p *bigProbes) stop() {
+	p.cancel()
+	p.wg.Wait()
+}
+
+// killMidFlush SIGKILLs walcount once a few pieces of the batch are
+// committed, then starts a new one, which it returns.
+func killMidFlush(ctx context.Context, b *bench, c *cluster, wc *walcountProc) (*walcountProc, error) {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		if err := wc.alive(); err != nil {
+			return nil, err
+		}
+		if fams, err := wc.scrape(ctx); err == nil && metricValue(fams, "walcount_flush_pieces_total") >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("walcount committed no 3 pieces within 10 minutes")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	committed := time.Now()
-	res.insert = committed.Sub(began)
-	if kill {
-		// SIGKILL once a few pieces of the batch are committed, then a
-		// new walcount.
-		deadline := time.Now().Add(10 * time.Minute)
-		for {
-			if err := wc.alive(); err != nil {
-				return res, err
-			}
-			if fams, err := wc.scrape(ctx); err == nil && metricValue(fams, "walcount_flush_pieces_total") >= 3 {
-				break
-			}
-			if time.Now().After(deadline) {
-				return res, fmt.Errorf("walcount committed no 3 pieces within 10 minutes")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		if err := wc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			return res, err
-		}
-		<-wc.done
-		if wc, err = startWalcount(b.bin, b.tmp, c, "--skip-check"); err != nil {
-			return res, err
-		}
-		if err := wc.waitMetrics(ctx); err != nil {
-			return res, err
-		}
+	if err := wc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		return nil, err
 	}
-	// Exact: W past the insert and every carried key applied.
+	<-wc.done
+	next, err := startWalcount(b.bin, b.tmp, c, "--skip-check")
+	if err != nil {
+		return nil, err
+	}
+	return next, next.waitMetrics(ctx)
+}
+
+// waitBigExact waits until the batch is exact, W past the insert and
+// every carried key applied, and returns how long after its commit.
+func waitBigExact(ctx context.Context, c *cluster, wc *walcountProc, n int64, committed time.Time) (time.Duration, error) {
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
 	for {
 		if err := wc.alive(); err != nil {
-			return res, err
+			return 0, err
 		}
 		var carried, sum int64
 		err := c.db.QueryRow(wctx, `SELECT (SELECT count(*) FROM walcount.carried), (SELECT coalesce(sum(likes_count), 0) FROM posts)`).Scan(&carried, &sum)
 		if err == nil && carried == 0 && sum == n {
-			res.exact = time.Since(committed)
-			break
+			return time.Since(committed), nil
 		}
 		if wctx.Err() != nil {
-			return res, fmt.Errorf("not exact after 15 minutes (sum %d of %d, %d carried)", sum, n, carried)
+			return 0, fmt.Errorf("not exact after 15 minutes (sum %d of %d, %d carried)", sum, n, carried)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	stopProbes()
-	wg.Wait()
+}
+
+// bigFigures checks the counts once more and reads walcount's peak RSS
+// (without a SIGKILL only), its pieces, and Redis's peak memory and
+// longest script.
+func bigFigures(ctx context.Context, c *cluster, wc *walcountProc, rdb redis.UniversalClient, res *bigResult) error {
 	if err := c.caughtUp(ctx, time.Minute); err != nil {
-		return res, err
+		return err
 	}
 	if err := c.verify(ctx); err != nil {
-		return res, err
+		return err
 	}
-	if !kill {
+	if !res.killed {
 		u, err := wc.usage()
 		if err != nil {
-			return res, err
+			return err
 		}
 		res.rss = u.peakRSS
 	}
 	if fams, err := wc.scrape(ctx); err == nil {
 		res.pieces = metricValue(fams, "walcount_flush_pieces_total")
 	}
+	var err error
 	if res.redisPeak, err = redisMemoryPeak(ctx, rdb); err != nil {
-		return res, err
+		return err
 	}
-	if res.script, err = longestScript(ctx, rdb); err != nil {
-		return res, err
-	}
-	return res, wc.stop()
+	res.script, err = longestScript(ctx, rdb)
+	return err
 }
 
 // redisMemoryPeak reads used_memory_peak.

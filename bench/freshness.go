@@ -47,6 +47,16 @@ type freshResult struct {
 // probe returns the q-quantile of the probes' delays; probes is sorted.
 func (r freshResult) probe(q float64) time.Duration { return stats.Quantile(r.probes, q) }
 
+// usageAndLikes reads walcount's CPU and memory and the likes counted.
+func usageAndLikes(ctx context.Context, wc *walcountProc, c *cluster) (usage, int64, error) {
+	u, err := wc.usage()
+	if err != nil {
+		return u, 0, err
+	}
+	likes, err := c.likesCount(ctx)
+	return u, likes, err
+}
+
 // runFreshness measures apply lag at a fixed rate on a fresh cluster.
 func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, error) {
 	res := freshResult{target: rate}
@@ -62,17 +72,11 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	if err != nil {
 		return res, err
 	}
-	wc, err := startWalcount(b.bin, b.tmp, c)
+	wc, err := startReady(ctx, b, c)
 	if err != nil {
 		return res, err
 	}
 	defer wc.stop()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = wc.waitMetrics(sctx)
-	cancel()
-	if err != nil {
-		return res, err
-	}
 
 	lctx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
@@ -94,11 +98,7 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 		return res, err
 	}
 	lag0 := lagBuckets(fams)
-	u0, err := wc.usage()
-	if err != nil {
-		return res, err
-	}
-	likes0, err := c.likesCount(ctx)
+	u0, likes0, err := usageAndLikes(ctx, wc, c)
 	if err != nil {
 		return res, err
 	}
@@ -111,11 +111,7 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	}
 	pr.setWindowEnd(time.Now())
 	window := time.Since(windowStart)
-	u1, err := wc.usage()
-	if err != nil {
-		return res, err
-	}
-	likes1, err := c.likesCount(ctx)
+	u1, likes1, err := usageAndLikes(ctx, wc, c)
 	if err != nil {
 		return res, err
 	}
@@ -141,34 +137,43 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	res.cpu = u1.cpu - u0.cpu
 	res.peakRSS = u1.peakRSS
 
+	err = freshTotals(ctx, b, c, wc, &res, updates0)
+	return res, err
+}
+
+// freshTotals, once the load stopped and the run caught up, reads the
+// flushes and deltas, stops walcount, verifies the counts and counts the
+// UPDATEs on posts and the likes; then it logs the run.
+func freshTotals(ctx context.Context, b *bench, c *cluster, wc *walcountProc, res *freshResult, updates0 int64) error {
 	if err := c.caughtUp(ctx, 2*time.Minute); err != nil {
-		return res, err
+		return err
 	}
-	if fams, err = wc.scrape(ctx); err != nil {
-		return res, err
+	fams, err := wc.scrape(ctx)
+	if err != nil {
+		return err
 	}
 	res.flushes = metricValue(fams, "walcount_flushes_total")
 	res.deltas = metricValue(fams, "walcount_deltas_flushed_total")
 	if err := wc.stop(); err != nil {
-		return res, err
+		return err
 	}
 	if err := c.verify(ctx); err != nil {
-		return res, err
+		return err
 	}
 	res.exact = true
 	time.Sleep(500 * time.Millisecond)
 	updates1, err := c.postUpdates(ctx)
 	if err != nil {
-		return res, err
+		return err
 	}
 	res.updates = updates1 - updates0
 	if res.total, err = c.likesCount(ctx); err != nil {
-		return res, err
+		return err
 	}
 	b.logf("  target %.0f likes/s, achieved %.0f: apply lag p50 %.3fs p99 %.3fs (histogram, p99 bucket ≤ %gs); probe p50 %s p99 %s (%d probes); %.1f UPDATEs on posts per 100k likes",
 		res.target, res.achieved, res.lagP50, res.lagP99, res.lagBucketP99, res.probe(0.5), res.probe(0.99), len(res.probes),
 		float64(res.updates)/float64(res.total)*1e5)
-	return res, nil
+	return nil
 }
 
 // bucketBound returns the upper bound of the bucket that holds the
@@ -221,36 +226,23 @@ func (p *prober) lags() []time.Duration {
 func (p *prober) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(probeInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		every(ctx, probeInterval, func() bool {
 			if _, err := p.c.db.Exec(ctx, insertSQL, probePost, 0); err != nil {
-				return
+				return false
 			}
 			now := time.Now()
 			p.mu.Lock()
 			p.committed = append(p.committed, now)
 			p.mu.Unlock()
-		}
+			return true
+		})
 	})
 	wg.Go(func() {
 		seen := int64(0)
-		t := time.NewTicker(probePoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		every(ctx, probePoll, func() bool {
 			var n int64
 			if err := p.c.db.QueryRow(ctx, `SELECT likes_count FROM posts WHERE id = $1`, probePost).Scan(&n); err != nil {
-				return
+				return false
 			}
 			now := time.Now()
 			p.mu.Lock()
@@ -261,7 +253,25 @@ func (p *prober) run(ctx context.Context) {
 				}
 			}
 			p.mu.Unlock()
-		}
+			return true
+		})
 	})
 	wg.Wait()
+}
+
+// every calls fn every interval, the first time one interval from now,
+// until ctx is done or fn returns false.
+func every(ctx context.Context, interval time.Duration, fn func() bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !fn() {
+			return
+		}
+	}
 }

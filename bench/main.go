@@ -131,60 +131,21 @@ func main() {
 	os.Exit(run())
 }
 
-func run() int {
-	b := &bench{log: os.Stderr, clientCounts: []int{1, 8, 32}}
-	var only, dataDir string
-	rev := gitRevision()
-	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
-	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
-	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
-	flag.Func("big-sizes", "comma-separated batch sizes of the big section (default 100000,1000000,2000000; 100000 with -quick); the last also runs with a SIGKILL", func(v string) error {
-		for _, f := range strings.Split(v, ",") {
-			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("bad size %q", f)
-			}
-			b.bigSizes = append(b.bigSizes, n)
-		}
-		return nil
-	})
-	flag.StringVar(&only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi (default all)")
-	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
-	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
-	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
-	flag.Float64Var(&b.freshRate, "fresh-rate", 0, "likes/s of the freshness run (default half the 1-row drain rate)")
-	flag.StringVar(&dataDir, "data-dir", os.TempDir(), "directory for the clusters (on the disk being measured)")
-	flag.StringVar(&b.standbyDir, "standby-data-dir", "/dev/shm", "directory for the standby section's clusters: memory, so that the pinned primary is bound by its CPU, not by its disk's flushes (empty: -data-dir)")
-	flag.StringVar(&rev, "rev", rev, "the walcount revision measured, for the report (default: this checkout's commit)")
-	flag.BoolVar(&b.reconcileWrite, "reconcile-write", true, "measure the app's write path during passes in the reconcile section")
-	var reconcileDebug bool
-	flag.BoolVar(&reconcileDebug, "reconcile-debug", false, "run the reconcile section's walcount at debug level and keep its log")
-	var keepLogs bool
-	flag.BoolVar(&keepLogs, "keep-logs", false, "keep every walcount's log (and a GODEBUG given to the bench is walcount's too) in a directory the bench names at its end")
-	flag.Parse()
-	if reconcileDebug {
-		b.reconcileWalcountFlags = []string{"--log-level", "debug"}
-	}
+// benchFlags are the flags that are not settings of a bench.
+type benchFlags struct {
+	only, dataDir, rev string
+	keepLogs           bool
+}
 
-	b.rounds, b.warmup, b.measure, b.backlog = fullRounds, fullWarmup, fullMeasure, fullBacklog
-	b.freshWarmup, b.freshMeasure = fullFreshWarmup, fullFreshMeasure
-	if b.quick {
-		b.rounds, b.warmup, b.measure, b.backlog = quickRounds, quickWarmup, quickMeasure, quickBacklog
-		b.freshWarmup, b.freshMeasure = quickFreshWarmup, quickFreshMeasure
-	}
-	// The standby section (9) says it was skipped below PostgreSQL 16
-	// (WALCOUNT_TEST_PG selects the server).
-	sections := map[string]bool{"write": true, "drain": true, "fresh": true, "reconcile": true, "app": true, "standby": true, "binary": true, "big": true, "multi": true}
-	if only != "" {
-		sections = map[string]bool{}
-		for _, s := range strings.Split(only, ",") {
-			s = strings.TrimSpace(s)
-			if !slices.Contains([]string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi"}, s) {
-				fmt.Fprintf(os.Stderr, "bench: unknown section %q (want write, drain, fresh, reconcile, app, standby, binary, big or multi)\n", s)
-				return 2
-			}
-			sections[s] = true
-		}
+// allSections are the sections, in the order they run.
+var allSections = []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi"}
+
+func run() int {
+	b, fl := parseFlags()
+	sections, err := parseSections(fl.only)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return 2
 	}
 	if _, err := os.Stat(b.bin); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v (run make build first)\n", err)
@@ -193,14 +154,14 @@ func run() int {
 	// Clusters on disk: commits pay for fsync as in production. The
 	// servers package prefers a tmpfs otherwise.
 	if os.Getenv(servers.EnvTempDir) == "" {
-		os.Setenv(servers.EnvTempDir, dataDir)
+		os.Setenv(servers.EnvTempDir, fl.dataDir)
 	}
 	tmp, err := os.MkdirTemp("", "walcount-bench-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
 	}
-	if keepLogs {
+	if fl.keepLogs {
 		defer fmt.Fprintf(os.Stderr, "bench: walcount's logs are in %s\n", tmp)
 	} else {
 		defer os.RemoveAll(tmp)
@@ -215,31 +176,124 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(dataDir), rev: rev}
-	if only != "" {
+	r := &results{started: time.Now(), quick: b.quick, machine: describeMachine(fl.dataDir), rev: fl.rev}
+	if fl.only != "" {
 		var names []string
-		for _, s := range []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi"} {
+		for _, s := range allSections {
 			if sections[s] {
 				names = append(names, s)
 			}
 		}
-		if len(names) < 9 {
+		if len(names) < len(allSections) {
 			r.only = strings.Join(names, "+")
 		}
 	}
 	busy := startBusyMeter()
 	b.logf("walcount bench (%s) on %s", r.mode(), r.machine.summary())
+	if err := runSections(ctx, b, r, sections); err != nil {
+		return fail(err)
+	}
+	r.elapsed = time.Since(r.started)
+	r.busy = busy.String()
 
+	md := r.markdown()
+	fmt.Print(md)
+	if b.profileDir != "" {
+		b.logf("profile mode: results not written to %s", b.outDir)
+		return 0
+	}
+	if r.reconcileErr != nil {
+		// A pass that did not find exactly the injected drift fails the
+		// bench loudly, and its figures are not saved as the latest.
+		return fail(r.reconcileErr)
+	}
+	if err := r.save(b.outDir); err != nil {
+		return fail(err)
+	}
+	b.logf("wrote %s", filepath.Join(b.outDir, r.latestName()+".md"))
+	return 0
+}
+
+// parseFlags reads the command line into a bench, with the sizes of a
+// full or a quick run.
+func parseFlags() (*bench, benchFlags) {
+	b := &bench{log: os.Stderr, clientCounts: []int{1, 8, 32}}
+	fl := benchFlags{rev: gitRevision()}
+	flag.BoolVar(&b.quick, "quick", false, "a short run (about a minute): shorter steps, a 100k backlog")
+	flag.StringVar(&b.bin, "bin", "bin/walcount", "the walcount binary (make build)")
+	flag.StringVar(&b.outDir, "out", "bench/results", "where the results go")
+	flag.Func("big-sizes", "comma-separated batch sizes of the big section (default 100000,1000000,2000000; 100000 with -quick); the last also runs with a SIGKILL", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bad size %q", f)
+			}
+			b.bigSizes = append(b.bigSizes, n)
+		}
+		return nil
+	})
+	flag.StringVar(&fl.only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi (default all)")
+	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
+	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
+	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
+	flag.Float64Var(&b.freshRate, "fresh-rate", 0, "likes/s of the freshness run (default half the 1-row drain rate)")
+	flag.StringVar(&fl.dataDir, "data-dir", os.TempDir(), "directory for the clusters (on the disk being measured)")
+	flag.StringVar(&b.standbyDir, "standby-data-dir", "/dev/shm", "directory for the standby section's clusters: memory, so that the pinned primary is bound by its CPU, not by its disk's flushes (empty: -data-dir)")
+	flag.StringVar(&fl.rev, "rev", fl.rev, "the walcount revision measured, for the report (default: this checkout's commit)")
+	flag.BoolVar(&b.reconcileWrite, "reconcile-write", true, "measure the app's write path during passes in the reconcile section")
+	var reconcileDebug bool
+	flag.BoolVar(&reconcileDebug, "reconcile-debug", false, "run the reconcile section's walcount at debug level and keep its log")
+	flag.BoolVar(&fl.keepLogs, "keep-logs", false, "keep every walcount's log (and a GODEBUG given to the bench is walcount's too) in a directory the bench names at its end")
+	flag.Parse()
+	if reconcileDebug {
+		b.reconcileWalcountFlags = []string{"--log-level", "debug"}
+	}
+
+	b.rounds, b.warmup, b.measure, b.backlog = fullRounds, fullWarmup, fullMeasure, fullBacklog
+	b.freshWarmup, b.freshMeasure = fullFreshWarmup, fullFreshMeasure
+	if b.quick {
+		b.rounds, b.warmup, b.measure, b.backlog = quickRounds, quickWarmup, quickMeasure, quickBacklog
+		b.freshWarmup, b.freshMeasure = quickFreshWarmup, quickFreshMeasure
+	}
+	return b, fl
+}
+
+// parseSections returns the sections -only names, or all of them. The
+// standby section (9) says it was skipped below PostgreSQL 16
+// (WALCOUNT_TEST_PG selects the server).
+func parseSections(only string) (map[string]bool, error) {
+	sections := map[string]bool{}
+	if only == "" {
+		for _, s := range allSections {
+			sections[s] = true
+		}
+		return sections, nil
+	}
+	for _, s := range strings.Split(only, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(allSections, s) {
+			return nil, fmt.Errorf("unknown section %q (want write, drain, fresh, reconcile, app, standby, binary, big or multi)", s)
+		}
+		sections[s] = true
+	}
+	return sections, nil
+}
+
+// runSections runs the sections asked for, in their order, into r. A
+// failed reconcile section goes into r (the report says why), the others
+// end the run.
+func runSections(ctx context.Context, b *bench, r *results, sections map[string]bool) error {
+	var err error
 	if sections["write"] {
 		b.logf("1. app write path")
 		if r.write, err = runWritePath(ctx, b); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	if sections["drain"] {
 		b.logf("2. drain of a %d-like backlog", b.backlog)
 		if r.drain, err = runDrain(ctx, b); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	if sections["fresh"] {
@@ -251,7 +305,7 @@ func run() int {
 			b.logf("3. freshness at %.0f likes/s", rate)
 			fr, err := runFreshness(ctx, b, rate)
 			if err != nil {
-				return fail(err)
+				return err
 			}
 			r.fresh = append(r.fresh, fr)
 		}
@@ -273,54 +327,36 @@ func run() int {
 	if sections["app"] {
 		b.logf("8. the app's side, one row held")
 		if r.app, err = runAppSide(ctx, b); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	if sections["standby"] {
 		b.logf("9. decoding on a standby, the primary pinned")
 		if r.standby, err = runStandbyBench(ctx, b); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	if sections["binary"] {
 		b.logf("10. pgoutput text or binary")
 		md, err := runBinaryBench(ctx, b)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		r.standby += md
 	}
 	if sections["big"] {
 		b.logf("11. one big batch")
 		if r.big, err = runBig(ctx, b); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	if sections["multi"] {
 		b.logf("12. a multi-level counter")
 		if r.multi, err = runMultiLevel(ctx, b); err != nil {
-			return fail(err)
+			return err
 		}
 	}
-	r.elapsed = time.Since(r.started)
-	r.busy = busy.String()
-
-	md := r.markdown()
-	fmt.Print(md)
-	if b.profileDir != "" {
-		b.logf("profile mode: results not written to %s", b.outDir)
-		return 0
-	}
-	if r.reconcileErr != nil {
-		// A pass that did not find exactly the injected drift fails the
-		// bench loudly, and its figures are not saved as the latest.
-		return fail(r.reconcileErr)
-	}
-	if err := r.save(b.outDir); err != nil {
-		return fail(err)
-	}
-	b.logf("wrote %s", filepath.Join(b.outDir, r.latestName()+".md"))
-	return 0
+	return nil
 }
 
 // gitRevision returns the checkout's commit, with "+dirty" when tracked

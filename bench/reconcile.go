@@ -109,97 +109,33 @@ func runReconcile(ctx context.Context, b *bench) (*reconcileResult, error) {
 		return nil, err
 	}
 	defer c.close()
-	began := time.Now()
-	if err := buildReconcileData(ctx, c, posts, posts*reconcileLikesPer); err != nil {
+	if err := buildReconciled(ctx, b, c, res); err != nil {
 		return nil, err
 	}
-	res.build = time.Since(began)
-	if res.likes, err = c.likesCount(ctx); err != nil {
-		return nil, err
-	}
-	b.logf("  %d posts, %d likes built in %s", posts+1, res.likes, res.build.Round(time.Second))
-	if err := c.setup(ctx); err != nil {
-		return nil, fmt.Errorf("walcount setup: %w", err)
-	}
-	// The counts are exact already: no first-start backfill.
-	if err := state.NewRuns(c.db, config.DefaultSlot).Backfilled(ctx, counter.Default()); err != nil {
-		return nil, err
-	}
-	wc, err := startWalcount(b.bin, b.tmp, c, b.reconcileWalcountFlags...)
+	wc, stopWalcount, err := startReconcileWalcount(ctx, b, c)
 	if err != nil {
 		return nil, err
 	}
-	defer wc.stop()
-	if len(b.reconcileWalcountFlags) > 0 {
-		keep := filepath.Join(os.TempDir(), "walcount-bench-reconcile.log")
-		defer func() {
-			if data, err := os.ReadFile(wc.logPath); err == nil && os.WriteFile(keep, data, 0o644) == nil {
-				b.logf("  walcount's log: %s", keep)
-			}
-		}()
-	}
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = wc.waitMetrics(sctx)
-	cancel()
-	if err != nil {
+	defer stopWalcount()
+	if err := injectDrift(ctx, c, posts, drift); err != nil {
 		return nil, err
-	}
-	if err := c.caughtUp(ctx, time.Minute); err != nil {
-		return nil, err
-	}
-
-	// Drift on random posts, the first and the last among them.
-	keys := driftKeys(posts, drift)
-	deltas := make([]int64, len(keys))
-	for i := range deltas {
-		deltas[i] = int64(1 + i%3)
-		if i%2 == 1 {
-			deltas[i] = -deltas[i]
-		}
-	}
-	if _, err := c.db.Exec(ctx, `UPDATE posts p SET likes_count = p.likes_count + d.delta FROM unnest($1::bigint[], $2::bigint[]) AS d(id, delta) WHERE p.id = d.id`, keys, deltas); err != nil {
-		return nil, fmt.Errorf("inject drift: %w", err)
 	}
 
 	// The light load runs from here to the end of the timed pass.
-	lctx, stopLight := context.WithCancel(ctx)
-	var light int64
-	var lightErr error
-	lightDone := make(chan struct{})
-	lightStart := time.Now()
-	go func() {
-		defer close(lightDone)
-		light, lightErr = pacedLoad(lctx, c.url, reconcileLightConns, reconcileLightRate, workload{name: "uniform", uniform: posts})
-	}()
-	stopLightLoad := func() error {
-		stopLight()
-		<-lightDone
-		if lightErr != nil && !errors.Is(lightErr, context.Canceled) {
-			return lightErr
-		}
-		return nil
-	}
-	defer stopLightLoad()
-
-	for range 2 {
-		t0 := time.Now()
-		var off, total int64
-		if err := c.db.QueryRow(ctx, truthSQL).Scan(&off, &total); err != nil {
-			return nil, fmt.Errorf("truth: %w", err)
-		}
-		if d := time.Since(t0); res.truth == 0 || d < res.truth {
-			res.truth, res.truthOff = d, off
-		}
+	light := startLightLoad(ctx, c.url, posts)
+	defer light.stop()
+	if err := timeTruth(ctx, c, res); err != nil {
+		return nil, err
 	}
 	b.logf("  truth computation: %s (%d posts off)", res.truth.Round(time.Millisecond), res.truthOff)
 
 	if res.pass, err = reconcilePass(ctx, wc, b.reconcileBatch, 0); err != nil {
 		return nil, err
 	}
-	if err := stopLightLoad(); err != nil {
+	if err := light.stop(); err != nil {
 		return nil, err
 	}
-	res.light = float64(light) / time.Since(lightStart).Seconds()
+	res.light = float64(light.likes) / time.Since(light.started).Seconds()
 	b.logf("  full pass: %s, %d keys (%.0f keys/s), %d drifted, %d corrected; %.2f× the truth computation",
 		res.pass.elapsed.Round(time.Millisecond), res.pass.checked, res.pass.keysPerSecond(), res.pass.drifted, res.pass.corrected,
 		res.pass.elapsed.Seconds()/res.truth.Seconds())
@@ -221,11 +157,129 @@ func runReconcile(ctx context.Context, b *bench) (*reconcileResult, error) {
 	if !b.reconcileWrite {
 		return res, nil
 	}
-	// The write path with and without a pass running.
+	return measurePassWritePath(ctx, b, c, wc, res)
+}
+
+// buildReconciled builds the section's table, exact, and sets walcount up
+// on it with its backfill marked done.
+func buildReconciled(ctx context.Context, b *bench, c *cluster, res *reconcileResult) error {
+	began := time.Now()
+	if err := buildReconcileData(ctx, c, res.posts, res.posts*reconcileLikesPer); err != nil {
+		return err
+	}
+	res.build = time.Since(began)
+	var err error
+	if res.likes, err = c.likesCount(ctx); err != nil {
+		return err
+	}
+	b.logf("  %d posts, %d likes built in %s", res.posts+1, res.likes, res.build.Round(time.Second))
+	if err := c.setup(ctx); err != nil {
+		return fmt.Errorf("walcount setup: %w", err)
+	}
+	// The counts are exact already: no first-start backfill.
+	return state.NewRuns(c.db, config.DefaultSlot).Backfilled(ctx, counter.Default())
+}
+
+// startReconcileWalcount starts the section's walcount and waits until it
+// has caught up; the func it returns stops it (and keeps its log, when
+// the section's walcount has flags of its own).
+func startReconcileWalcount(ctx context.Context, b *bench, c *cluster) (*walcountProc, func(), error) {
+	wc, err := startWalcount(b.bin, b.tmp, c, b.reconcileWalcountFlags...)
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := func() {
+		if len(b.reconcileWalcountFlags) > 0 {
+			keep := filepath.Join(os.TempDir(), "walcount-bench-reconcile.log")
+			if data, err := os.ReadFile(wc.logPath); err == nil && os.WriteFile(keep, data, 0o644) == nil {
+				b.logf("  walcount's log: %s", keep)
+			}
+		}
+		wc.stop()
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = wc.waitMetrics(sctx)
+	cancel()
+	if err == nil {
+		err = c.caughtUp(ctx, time.Minute)
+	}
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return wc, stop, nil
+}
+
+// injectDrift puts drift posts' counts off by 1 to 3 either way: random
+// posts, the first and the last among them.
+func injectDrift(ctx context.Context, c *cluster, posts, drift int64) error {
+	keys := driftKeys(posts, drift)
+	deltas := make([]int64, len(keys))
+	for i := range deltas {
+		deltas[i] = int64(1 + i%3)
+		if i%2 == 1 {
+			deltas[i] = -deltas[i]
+		}
+	}
+	if _, err := c.db.Exec(ctx, `UPDATE posts p SET likes_count = p.likes_count + d.delta FROM unnest($1::bigint[], $2::bigint[]) AS d(id, delta) WHERE p.id = d.id`, keys, deltas); err != nil {
+		return fmt.Errorf("inject drift: %w", err)
+	}
+	return nil
+}
+
+// lightLoad is the paced load that runs during the timed pass.
+type lightLoad struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	started time.Time
+	likes   int64 // once stopped
+	err     error
+}
+
+func startLightLoad(ctx context.Context, url string, posts int64) *lightLoad {
+	lctx, cancel := context.WithCancel(ctx)
+	l := &lightLoad{cancel: cancel, done: make(chan struct{}), started: time.Now()}
+	go func() {
+		defer close(l.done)
+		l.likes, l.err = pacedLoad(lctx, url, reconcileLightConns, reconcileLightRate, workload{name: "uniform", uniform: posts})
+	}()
+	return l
+}
+
+// stop ends the load and waits for it; calling it again is harmless.
+func (l *lightLoad) stop() error {
+	l.cancel()
+	<-l.done
+	if l.err != nil && !errors.Is(l.err, context.Canceled) {
+		return l.err
+	}
+	return nil
+}
+
+// timeTruth times the truth computation, the best of two.
+func timeTruth(ctx context.Context, c *cluster, res *reconcileResult) error {
+	for range 2 {
+		t0 := time.Now()
+		var off, total int64
+		if err := c.db.QueryRow(ctx, truthSQL).Scan(&off, &total); err != nil {
+			return fmt.Errorf("truth: %w", err)
+		}
+		if d := time.Since(t0); res.truth == 0 || d < res.truth {
+			res.truth, res.truthOff = d, off
+		}
+	}
+	return nil
+}
+
+// measurePassWritePath measures the write path with and without a pass
+// running (at full speed; at the limited rate too in a full run).
+func measurePassWritePath(ctx context.Context, b *bench, c *cluster, wc *walcountProc, res *reconcileResult) (*reconcileResult, error) {
+	posts := res.posts
 	window := max(res.pass.elapsed, 3*time.Second)
 	if b.quick {
 		window = min(window, 5*time.Second)
 	}
+	var err error
 	if res.writeIdle, err = writeLoop(ctx, c.url, posts, window, nil); err != nil {
 		return nil, err
 	}

@@ -116,21 +116,41 @@ func pinSelf(cpus string) error {
 	return nil
 }
 
+// standbyRun is section 9 under way: the pair of clusters, the pins and
+// the arms' durations.
+type standbyRun struct {
+	b       *bench
+	c       *cluster
+	standby *servers.Postgres
+	sb      *pgxpool.Pool // the standby
+	// dataDir says where the clusters keep their data, for the report.
+	dataDir         string
+	warmup, measure time.Duration
+}
+
+// The arms of section 9, by the names the report gives them.
+const (
+	standbyInsertOnly = "insert-only (standby running, no walcount)"
+	standbyOnPrimary  = "walcount decoding on the primary"
+	standbyOnStandby  = "walcount decoding on the standby"
+	standbyControl    = "control: insert-only, CPU 1 kept busy (a spin loop, no walcount)"
+)
+
 func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 	if _, err := exec.LookPath("taskset"); err != nil {
 		return "", fmt.Errorf("the standby section needs taskset: %w", err)
 	}
+	r := &standbyRun{b: b, dataDir: "the disk of -data-dir"}
 	// On memory the primary's 8 clients are bound by its CPU, which is
 	// what this section measures; on a disk they wait on the WAL's
 	// flushes, the CPU has room that hides the cost, and the disk's
 	// noise decides (one run: insert-only rounds from 5715 to 8112 txn/s).
-	dataDir := "the disk of -data-dir"
 	if b.standbyDir != "" {
 		if st, err := os.Stat(b.standbyDir); err == nil && st.IsDir() {
 			prev := os.Getenv(servers.EnvTempDir)
 			os.Setenv(servers.EnvTempDir, b.standbyDir)
 			defer os.Setenv(servers.EnvTempDir, prev)
-			dataDir = b.standbyDir
+			r.dataDir = b.standbyDir
 		}
 	}
 	c, err := newCluster(ctx, 1000)
@@ -138,215 +158,276 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 		return "", err
 	}
 	defer c.close()
+	r.c = c
 	if c.pg.Major() < 16 {
 		return fmt.Sprintf("## 9. Decoding on a standby\n\nSkipped: PostgreSQL %d cannot decode on a standby (16 and later).\n\n", c.pg.Major()), nil
 	}
-	// No copies of the primary arm's failover slot on the standby: the
-	// standby arm makes a slot of that name there.
-	var sopt servers.StandbyOptions
-	if c.pg.Major() >= 17 {
-		sopt.Settings = map[string]string{"sync_replication_slots": "off"}
-	}
-	standby, err := c.pg.StartStandby(ctx, sopt)
+	closeStandby, err := r.startStandby(ctx)
 	if err != nil {
 		return "", err
 	}
-	defer standby.Close()
-	c.db.Reset() // the standby's copy restarted the primary
+	defer closeStandby()
+	defer func() { _ = pinSelf("0-" + strconv.Itoa(runtime.NumCPU()-1)) }()
+	if err := r.pin(); err != nil {
+		return "", err
+	}
+	r.warmup, r.measure = 2*time.Second, 10*time.Second
+	if b.quick {
+		r.warmup, r.measure = time.Second, 4*time.Second
+	}
+	if b.standbyWarmup > 0 {
+		r.warmup = b.standbyWarmup
+	}
+	if b.standbyMeasure > 0 {
+		r.measure = b.standbyMeasure
+	}
+	runs, rounds, err := r.rounds(ctx)
+	if err != nil {
+		return "", err
+	}
+	return r.report(runs, rounds), nil
+}
+
+// startStandby starts the primary's hot standby and opens a pool on it;
+// the func it returns closes both.
+func (r *standbyRun) startStandby(ctx context.Context) (func(), error) {
+	// No copies of the primary arm's failover slot on the standby: the
+	// standby arm makes a slot of that name there.
+	var sopt servers.StandbyOptions
+	if r.c.pg.Major() >= 17 {
+		sopt.Settings = map[string]string{"sync_replication_slots": "off"}
+	}
+	standby, err := r.c.pg.StartStandby(ctx, sopt)
+	if err != nil {
+		return nil, err
+	}
+	r.c.db.Reset() // the standby's copy restarted the primary
+	sb, err := pgxpool.New(ctx, standby.URL())
+	if err != nil {
+		standby.Close()
+		return nil, err
+	}
+	r.standby, r.sb = standby, sb
+	return func() { sb.Close(); standby.Close() }, nil
+}
+
+// pin puts the primary and the load generator on CPU 0, the standby and
+// Redis on CPU 1.
+func (r *standbyRun) pin() error {
 	// The load generator (this process: its clients are goroutines) runs
 	// beside the primary on CPU 0, as the app would on the primary's side:
 	// unpinned, it ran on CPU 1 too and took the standby arm's decoding
 	// work there for a cost on the primary.
 	if err := pinSelf("0"); err != nil {
-		return "", err
+		return err
 	}
-	defer func() { _ = pinSelf("0-" + strconv.Itoa(runtime.NumCPU()-1)) }()
-	if err := pinTree(c.pg.PID(), "0"); err != nil {
-		return "", err
+	if err := pinTree(r.c.pg.PID(), "0"); err != nil {
+		return err
 	}
-	if err := pinTree(standby.PID(), "1"); err != nil {
-		return "", err
+	if err := pinTree(r.standby.PID(), "1"); err != nil {
+		return err
 	}
-	if err := pinTree(c.redis.PID(), "1"); err != nil {
-		return "", err
-	}
-	sb, err := pgxpool.New(ctx, standby.URL())
-	if err != nil {
-		return "", err
-	}
-	defer sb.Close()
-	warmup, measure := 2*time.Second, 10*time.Second
-	if b.quick {
-		warmup, measure = time.Second, 4*time.Second
-	}
-	if b.standbyWarmup > 0 {
-		warmup = b.standbyWarmup
-	}
-	if b.standbyMeasure > 0 {
-		measure = b.standbyMeasure
-	}
-	hot := workload{name: "hot post", hot: true}
-	insertOnly := func(name string) (standbyArm, error) {
-		r, err := closedLoop(ctx, c.url, standbyClients, hot, styleInsert, warmup, measure)
-		if err != nil {
-			return standbyArm{}, err
-		}
-		// Every arm starts from no likes: a walcount arm after this one
-		// would otherwise begin with a backfill of them.
-		_, err = c.db.Exec(ctx, `TRUNCATE likes`)
-		return standbyArm{name: name, tps: r.tps()}, err
-	}
-	// The control: what the primary loses when the other CPU is busy with
-	// anything at all. On a virtual machine two vCPUs may share a
-	// physical core (SMT) or its caches, and then work on CPU 1 slows CPU
-	// 0 though no process of the primary's waits for it.
-	busyOther := func(name string) (standbyArm, error) {
-		spin := exec.Command("taskset", "-c", "1", "sh", "-c", "while :; do :; done")
-		if err := spin.Start(); err != nil {
-			return standbyArm{}, err
-		}
-		defer func() { _ = spin.Process.Kill(); _ = spin.Wait() }()
-		return insertOnly(name)
-	}
-	arm := func(name string, onStandby bool) (standbyArm, error) {
-		a := standbyArm{name: name}
-		cfg := c.walcountConfig()
-		extra := []string{}
-		senderDB := c.db
-		if onStandby {
-			cfg.ReplicationURL = standby.URL()
-			extra = append(extra, "--replication-url", standby.URL())
-			senderDB = sb
-		}
-		conn, err := pgx.Connect(ctx, c.url)
-		if err != nil {
-			return a, err
-		}
-		err = setupWith(ctx, conn, cfg)
-		conn.Close(context.Background())
-		if err != nil {
-			return a, fmt.Errorf("setup: %w", err)
-		}
-		w, err := startWalcount(b.bin, b.tmp, c, extra...)
-		if err != nil {
-			return a, err
-		}
-		defer func() { _ = w.stop() }()
-		if err := w.waitMetrics(ctx); err != nil {
-			return a, err
-		}
-		if err := pinTree(w.cmd.Process.Pid, "1"); err != nil {
-			return a, err
-		}
-		if err := c.caughtUp(ctx, 2*time.Minute); err != nil {
-			return a, err
-		}
-		sender := func() (time.Duration, error) { return slotSenderCPU(ctx, senderDB) }
-		s0, err := sender()
-		if err != nil {
-			return a, err
-		}
-		p0, err := walcountBackendsCPU(ctx, c.db)
-		if err != nil {
-			return a, err
-		}
-		w0, _ := w.usage()
-		r0, _ := procUsage(c.redis.PID())
-		n0, err := c.likesCount(ctx)
-		if err != nil {
-			return a, err
-		}
-		r, err := closedLoop(ctx, c.url, standbyClients, hot, styleInsert, warmup, measure)
-		if err != nil {
-			return a, err
-		}
-		a.tps = r.tps()
-		if err := c.caughtUp(ctx, 5*time.Minute); err != nil {
-			return a, err
-		}
-		s1, err := sender()
-		if err != nil {
-			return a, err
-		}
-		p1, err := walcountBackendsCPU(ctx, c.db)
-		if err != nil {
-			return a, err
-		}
-		for pid, cpu := range p1 {
-			a.onPrimary += cpu - p0[pid] // a session opened since counts whole
-		}
-		w1, _ := w.usage()
-		r1, _ := procUsage(c.redis.PID())
-		n1, err := c.likesCount(ctx)
-		if err != nil {
-			return a, err
-		}
-		a.changes = n1 - n0
-		a.sender, a.wc, a.redisCPU = s1-s0, w1.cpu-w0.cpu, r1.cpu-r0.cpu
-		if err := w.stop(); err != nil {
-			return a, err
-		}
-		if err := c.verify(ctx); err != nil {
-			return a, fmt.Errorf("%s: %w", name, err)
-		}
-		// The next arm starts from scratch: no slot, no state, no buffer.
-		if _, err := senderDB.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_type = 'logical'`); err != nil {
-			return a, err
-		}
-		if _, err := c.db.Exec(ctx, `DROP SCHEMA walcount CASCADE; DROP PUBLICATION walcount; UPDATE posts SET likes_count = 0; TRUNCATE likes`); err != nil {
-			return a, err
-		}
-		if err := c.redisFlushAll(ctx); err != nil {
-			return a, err
-		}
-		return a, nil
-	}
-	// The arms run in rounds, insert-only first and the others in an
-	// order that alternates (primary, standby, control; then control,
-	// standby, primary), after an insert-only run that is not counted: the
-	// first minute of a fresh pair of clusters is slower (one run measured
-	// 5757 txn/s there and 8148 at the end), and the arm that ran first
-	// took it. Each arm's figures are its medians over the rounds.
+	return pinTree(r.c.redis.PID(), "1")
+}
+
+// rounds runs the arms in rounds, insert-only first and the others in an
+// order that alternates (primary, standby, control; then control,
+// standby, primary), after an insert-only run that is not counted: the
+// first minute of a fresh pair of clusters is slower (one run measured
+// 5757 txn/s there and 8148 at the end), and the arm that ran first took
+// it. It returns each arm's rounds by its name.
+func (r *standbyRun) rounds(ctx context.Context) (map[string][]standbyArm, int, error) {
 	rounds := 5
-	if b.quick {
+	if r.b.quick {
 		rounds = 1
 	}
-	const (
-		ioName = "insert-only (standby running, no walcount)"
-		pName  = "walcount decoding on the primary"
-		sName  = "walcount decoding on the standby"
-		bName  = "control: insert-only, CPU 1 kept busy (a spin loop, no walcount)"
-	)
-	b.logf("   warm-up (not counted)")
-	if _, err := insertOnly("warm-up"); err != nil {
-		return "", fmt.Errorf("warm-up: %w", err)
+	r.b.logf("   warm-up (not counted)")
+	if _, err := r.insertOnly(ctx, "warm-up"); err != nil {
+		return nil, 0, fmt.Errorf("warm-up: %w", err)
 	}
 	runs := map[string][]standbyArm{}
 	for i := 0; i < rounds; i++ {
-		order := []string{ioName, pName, sName, bName}
+		order := []string{standbyInsertOnly, standbyOnPrimary, standbyOnStandby, standbyControl}
 		if i%2 == 1 {
-			order = []string{ioName, bName, sName, pName}
+			order = []string{standbyInsertOnly, standbyControl, standbyOnStandby, standbyOnPrimary}
 		}
 		for _, name := range order {
-			b.logf("   round %d: %s", i+1, name)
+			r.b.logf("   round %d: %s", i+1, name)
 			var a standbyArm
 			var err error
 			switch name {
-			case ioName:
-				a, err = insertOnly(name)
-			case bName:
-				a, err = busyOther(name)
-			case pName:
-				a, err = arm(name, false)
+			case standbyInsertOnly:
+				a, err = r.insertOnly(ctx, name)
+			case standbyControl:
+				a, err = r.busyOther(ctx, name)
+			case standbyOnPrimary:
+				a, err = r.walcountArm(ctx, name, false)
 			default:
-				a, err = arm(name, true)
+				a, err = r.walcountArm(ctx, name, true)
 			}
 			if err != nil {
-				return "", fmt.Errorf("round %d: %s: %w", i+1, name, err)
+				return nil, 0, fmt.Errorf("round %d: %s: %w", i+1, name, err)
 			}
 			runs[name] = append(runs[name], a)
 		}
 	}
+	return runs, rounds, nil
+}
+
+// load runs the hot-post write path for the warm-up and the measured
+// time.
+func (r *standbyRun) load(ctx context.Context) (runResult, error) {
+	return closedLoop(ctx, r.c.url, standbyClients, workload{name: "hot post", hot: true}, styleInsert, r.warmup, r.measure)
+}
+
+// insertOnly is the arm without walcount.
+func (r *standbyRun) insertOnly(ctx context.Context, name string) (standbyArm, error) {
+	res, err := r.load(ctx)
+	if err != nil {
+		return standbyArm{}, err
+	}
+	// Every arm starts from no likes: a walcount arm after this one
+	// would otherwise begin with a backfill of them.
+	_, err = r.c.db.Exec(ctx, `TRUNCATE likes`)
+	return standbyArm{name: name, tps: res.tps()}, err
+}
+
+// busyOther is the control: what the primary loses when the other CPU is
+// busy with anything at all. On a virtual machine two vCPUs may share a
+// physical core (SMT) or its caches, and then work on CPU 1 slows CPU 0
+// though no process of the primary's waits for it.
+func (r *standbyRun) busyOther(ctx context.Context, name string) (standbyArm, error) {
+	spin := exec.Command("taskset", "-c", "1", "sh", "-c", "while :; do :; done")
+	if err := spin.Start(); err != nil {
+		return standbyArm{}, err
+	}
+	defer func() { _ = spin.Process.Kill(); _ = spin.Wait() }()
+	return r.insertOnly(ctx, name)
+}
+
+// standbyUsage is one reading of the CPU an arm measures and of the
+// likes counted.
+type standbyUsage struct {
+	sender, wc, redisCPU time.Duration
+	onPrimary            map[int]time.Duration
+	likes                int64
+}
+
+// usage reads the CPU of the slot's walsender (on senderDB's server), of
+// walcount's sessions on the primary, of walcount and of Redis, and the
+// likes counted.
+func (r *standbyRun) usage(ctx context.Context, w *walcountProc, senderDB *pgxpool.Pool) (standbyUsage, error) {
+	var u standbyUsage
+	var err error
+	if u.sender, err = slotSenderCPU(ctx, senderDB); err != nil {
+		return u, err
+	}
+	if u.onPrimary, err = walcountBackendsCPU(ctx, r.c.db); err != nil {
+		return u, err
+	}
+	wu, _ := w.usage()
+	ru, _ := procUsage(r.c.redis.PID())
+	u.wc, u.redisCPU = wu.cpu, ru.cpu
+	u.likes, err = r.c.likesCount(ctx)
+	return u, err
+}
+
+// walcountArm measures the write path with walcount decoding on the
+// primary or, onStandby, on the standby, and then drains it.
+func (r *standbyRun) walcountArm(ctx context.Context, name string, onStandby bool) (standbyArm, error) {
+	a := standbyArm{name: name}
+	cfg := r.c.walcountConfig()
+	extra := []string{}
+	senderDB := r.c.db
+	if onStandby {
+		cfg.ReplicationURL = r.standby.URL()
+		extra = append(extra, "--replication-url", r.standby.URL())
+		senderDB = r.sb
+	}
+	w, err := r.startArmWalcount(ctx, cfg, extra)
+	if err != nil {
+		return a, err
+	}
+	defer func() { _ = w.stop() }()
+	u0, err := r.usage(ctx, w, senderDB)
+	if err != nil {
+		return a, err
+	}
+	res, err := r.load(ctx)
+	if err != nil {
+		return a, err
+	}
+	a.tps = res.tps()
+	if err := r.c.caughtUp(ctx, 5*time.Minute); err != nil {
+		return a, err
+	}
+	u1, err := r.usage(ctx, w, senderDB)
+	if err != nil {
+		return a, err
+	}
+	for pid, cpu := range u1.onPrimary {
+		a.onPrimary += cpu - u0.onPrimary[pid] // a session opened since counts whole
+	}
+	a.changes = u1.likes - u0.likes
+	a.sender, a.wc, a.redisCPU = u1.sender-u0.sender, u1.wc-u0.wc, u1.redisCPU-u0.redisCPU
+	if err := w.stop(); err != nil {
+		return a, err
+	}
+	if err := r.c.verify(ctx); err != nil {
+		return a, fmt.Errorf("%s: %w", name, err)
+	}
+	return a, r.resetArm(ctx, senderDB)
+}
+
+// startArmWalcount sets walcount up with cfg, starts it with the extra
+// flags, pins it to CPU 1 and waits until it has caught up.
+func (r *standbyRun) startArmWalcount(ctx context.Context, cfg config.Config, extra []string) (*walcountProc, error) {
+	conn, err := pgx.Connect(ctx, r.c.url)
+	if err != nil {
+		return nil, err
+	}
+	err = setupWith(ctx, conn, cfg)
+	conn.Close(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("setup: %w", err)
+	}
+	w, err := startWalcount(r.b.bin, r.b.tmp, r.c, extra...)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = w.stop()
+		}
+	}()
+	if err := w.waitMetrics(ctx); err != nil {
+		return nil, err
+	}
+	if err := pinTree(w.cmd.Process.Pid, "1"); err != nil {
+		return nil, err
+	}
+	if err := r.c.caughtUp(ctx, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	ok = true
+	return w, nil
+}
+
+// resetArm leaves the clusters as the next arm starts from: no slot, no
+// state, no buffer, no likes.
+func (r *standbyRun) resetArm(ctx context.Context, senderDB *pgxpool.Pool) error {
+	if _, err := senderDB.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_type = 'logical'`); err != nil {
+		return err
+	}
+	if _, err := r.c.db.Exec(ctx, `DROP SCHEMA walcount CASCADE; DROP PUBLICATION walcount; UPDATE posts SET likes_count = 0; TRUNCATE likes`); err != nil {
+		return err
+	}
+	return r.c.redisFlushAll(ctx)
+}
+
+// report is section 9's text: each arm's medians over the rounds.
+func (r *standbyRun) report(runs map[string][]standbyArm, rounds int) string {
 	median := func(as []standbyArm) standbyArm {
 		sorted := slices.Clone(as)
 		slices.SortFunc(sorted, func(x, y standbyArm) int { return cmp.Compare(x.tps, y.tps) })
@@ -372,19 +453,19 @@ func runStandbyBench(ctx context.Context, b *bench) (string, error) {
 		"and over that round's control, insert-only with CPU 1 kept busy by a spin loop (× control: what work of any kind on CPU 1 costs CPU 0 on this machine); "+
 		"each row gives the median ratios, the median txn/s and every round's txn/s. "+
 		"CPU per change (from the arm's median-txn/s round) over the arm and its drain, per counted change; the walsender is the slot's, on the primary or on the standby; walcount's sessions on the primary are its SQL connections there (flushes, heartbeats, markers), its walsender apart.\n\n",
-		c.pg.Major(), dataDir, standbyClients, warmup, measure, rounds)
+		r.c.pg.Major(), r.dataDir, standbyClients, r.warmup, r.measure, rounds)
 	fmt.Fprintf(&out, "| arm | × insert-only | × control | txn/s | walsender µs/change | walcount µs/change | Redis µs/change | walcount's sessions on the primary µs/change | rounds: txn/s |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	for _, name := range []string{ioName, pName, sName, bName} {
+	for _, name := range []string{standbyInsertOnly, standbyOnPrimary, standbyOnStandby, standbyControl} {
 		a := median(runs[name])
 		var all []string
 		for _, r := range runs[name] {
 			all = append(all, fmt.Sprintf("%.0f", r.tps))
 		}
-		fmt.Fprintf(&out, "| %s | %.2f | %.2f | %.0f | %s | %s | %s | %s | %s |\n", a.name, ratio(name, ioName), ratio(name, bName), a.tps,
+		fmt.Fprintf(&out, "| %s | %.2f | %.2f | %.0f | %s | %s | %s | %s | %s |\n", a.name, ratio(name, standbyInsertOnly), ratio(name, standbyControl), a.tps,
 			a.perChange(a.sender), a.perChange(a.wc), a.perChange(a.redisCPU), a.perChange(a.onPrimary), strings.Join(all, ", "))
 	}
 	out.WriteString("\n")
-	return out.String(), nil
+	return out.String()
 }
 
 // walcountBackendsCPU returns the CPU time of each SQL session walcount

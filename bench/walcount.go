@@ -36,6 +36,23 @@ type walcountProc struct {
 	err     error
 }
 
+// startReady starts walcount as startWalcount does and waits, a minute
+// at most, until it serves its metrics; a walcount that does not is
+// stopped.
+func startReady(ctx context.Context, b *bench, c *cluster, extra ...string) (*walcountProc, error) {
+	wc, err := startWalcount(b.bin, b.tmp, c, extra...)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := wc.waitMetrics(sctx); err != nil {
+		_ = wc.stop()
+		return nil, err
+	}
+	return wc, nil
+}
+
 // startWalcount runs `bin run` against the cluster with every default but
 // the HTTP address, logging to a file in dir.
 func startWalcount(bin, dir string, c *cluster, extra ...string) (*walcountProc, error) {

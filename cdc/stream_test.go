@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -191,12 +192,8 @@ BEGIN FOR i IN 1..n LOOP INSERT INTO likes (post_id) VALUES (i); COMMIT; END LOO
 	}
 
 	// Quiet: the stream drops its low-water mark again.
-	deadline := time.Now().Add(30 * time.Second)
-	for lowWater(t, s) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("SO_RCVLOWAT still %d long after the burst", lowWater(t, s))
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !wait.Until(30*time.Second, 5*time.Millisecond, func() bool { return lowWater(t, s) == 1 }) {
+		t.Fatalf("SO_RCVLOWAT still %d long after the burst", lowWater(t, s))
 	}
 	// One small transaction still gets through.
 	f.exec(t, `INSERT INTO likes (post_id) VALUES (1)`)

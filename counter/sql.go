@@ -56,44 +56,9 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 		}
 		return fmt.Sprintf("round((%s) * 1e%d)::bigint", expr, r.Scale)
 	}
-	// filterAfter writes the where filters on source rows s, their
-	// values bound after the statement's first n parameters.
-	r.FilterArgs = nil
-	type cond struct{ sql, typ string }
-	var conds []cond
-	for _, cd := range c.Conds() {
-		id := "s." + pgx.Identifier{cd.Column}.Sanitize()
-		wcol, ok := src.Columns[cd.Column]
-		if !ok {
-			return fmt.Errorf("counter %s: %w: where column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{cd.Column}.Sanitize())
-		}
-		switch cd.Op {
-		case OpIsNull, OpNotNull:
-			conds = append(conds, cond{sql: id + " " + cd.Op})
-		case OpEq, OpNe:
-			r.FilterArgs = append(r.FilterArgs, cd.Values[0])
-			conds = append(conds, cond{sql: id + " " + cd.Op + " CAST($%d::text AS %s)", typ: wcol.Full})
-		case OpIn:
-			r.FilterArgs = append(r.FilterArgs, cd.Values)
-			conds = append(conds, cond{sql: id + " = ANY (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
-		case OpNotIn:
-			r.FilterArgs = append(r.FilterArgs, cd.Values)
-			conds = append(conds, cond{sql: id + " <> ALL (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
-		default:
-			return fmt.Errorf("counter %s: where column %s: unknown operator %q", c.Name, cd.Column, cd.Op)
-		}
-	}
-	filterAfter := func(n int) string {
-		var b strings.Builder
-		for _, w := range conds {
-			if w.typ == "" {
-				b.WriteString(" AND " + w.sql)
-				continue
-			}
-			n++
-			b.WriteString(" AND " + fmt.Sprintf(w.sql, n, w.typ))
-		}
-		return b.String()
+	filterAfter, err := r.whereFilters(src)
+	if err != nil {
+		return err
 	}
 	filter := filterAfter(1)
 	// measured is the bigint a measurement compares: the count or sum in
@@ -159,6 +124,50 @@ SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0%[5]s AND t.%[1]s 
 	}
 	r.buildSurvey(src, tgt, key, tkey, measured, cached, carried(3+len(r.FilterArgs)), filterAfter(2))
 	return nil
+}
+
+// whereFilters sets r.FilterArgs to the values of c's where conditions
+// and returns the function that writes the conditions on source rows s,
+// their values bound after a statement's first n parameters.
+func (r *Resolved) whereFilters(src *Table) (func(n int) string, error) {
+	c := r.Counter
+	r.FilterArgs = nil
+	type cond struct{ sql, typ string }
+	var conds []cond
+	for _, cd := range c.Conds() {
+		id := "s." + pgx.Identifier{cd.Column}.Sanitize()
+		wcol, ok := src.Columns[cd.Column]
+		if !ok {
+			return nil, fmt.Errorf("counter %s: %w: where column %s.%s does not exist", c.Name, ErrBadTarget, src.Ident(), pgx.Identifier{cd.Column}.Sanitize())
+		}
+		switch cd.Op {
+		case OpIsNull, OpNotNull:
+			conds = append(conds, cond{sql: id + " " + cd.Op})
+		case OpEq, OpNe:
+			r.FilterArgs = append(r.FilterArgs, cd.Values[0])
+			conds = append(conds, cond{sql: id + " " + cd.Op + " CAST($%d::text AS %s)", typ: wcol.Full})
+		case OpIn:
+			r.FilterArgs = append(r.FilterArgs, cd.Values)
+			conds = append(conds, cond{sql: id + " = ANY (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
+		case OpNotIn:
+			r.FilterArgs = append(r.FilterArgs, cd.Values)
+			conds = append(conds, cond{sql: id + " <> ALL (CAST($%d::text[] AS %s[]))", typ: wcol.Full})
+		default:
+			return nil, fmt.Errorf("counter %s: where column %s: unknown operator %q", c.Name, cd.Column, cd.Op)
+		}
+	}
+	return func(n int) string {
+		var b strings.Builder
+		for _, w := range conds {
+			if w.typ == "" {
+				b.WriteString(" AND " + w.sql)
+				continue
+			}
+			n++
+			b.WriteString(" AND " + fmt.Sprintf(w.sql, n, w.typ))
+		}
+		return b.String()
+	}, nil
 }
 
 // buildExtremumSQL writes the flush and reset statements of a max or min

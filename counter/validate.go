@@ -23,145 +23,231 @@ type Problem struct {
 // ("schema.table", lower case, double quotes only where the name needs
 // them), so that callers can compare them as strings; calling it again is
 // harmless. Column names are exact names as they are in pg_attribute.
+//
+// Each counter is checked on its own first, part by part in the order of
+// its declaration (name, tables, key, columns, kind, where, defaults, the
+// column it writes); then the counters against each other (a counter
+// column read by another counter, a cycle of sums).
 func Validate(cs []Counter) []Problem {
-	var ps []Problem
-	names := map[string]int{}
-	// written maps "target.column" to the index of the counter writing it.
-	written := map[string]int{}
-
+	v := &validator{names: map[string]int{}, written: map[string]int{}}
 	for i := range cs {
-		c := &cs[i]
-		field := FieldPath(i, c.Name)
-		add := func(sub, format string, args ...any) {
-			ps = append(ps, Problem{Field: field + "." + sub, Msg: fmt.Sprintf(format, args...)})
-		}
+		d := declaration{v: v, cs: cs, i: i, c: &cs[i], field: FieldPath(i, cs[i].Name)}
+		d.checkName()
+		tgtOK := d.checkTables()
+		d.checkKey()
+		d.checkColumns()
+		d.checkKind()
+		d.checkWhere()
+		d.checkDefaults()
+		d.checkWritten(tgtOK)
+	}
+	v.checkReadColumns(cs)
+	if i, path := SumCycle(cs); i >= 0 {
+		v.ps = append(v.ps, Problem{
+			Field: FieldPath(i, cs[i].Name) + ".sum",
+			Msg:   fmt.Sprintf("the counters sum each other's columns in a cycle (%s): every flush would change the column it is computed from", strings.Join(path, " → ")),
+		})
+	}
+	return v.ps
+}
 
-		switch {
-		case c.Name == "":
-			add("name", "required")
-		case !nameRE.MatchString(c.Name):
-			add("name", "%q must be 1 to 63 lower-case letters, digits and underscores, starting with a letter", c.Name)
-		default:
-			if j, dup := names[c.Name]; dup {
-				add("name", "also used by counters[%d]: names must be unique", j)
-			} else {
-				names[c.Name] = i
-			}
-		}
+// validator holds what Validate learns across the counters: the problems
+// so far, the index of each name and of each column written.
+type validator struct {
+	ps    []Problem
+	names map[string]int
+	// written maps "target.column" to the index of the counter writing it.
+	written map[string]int
+}
 
-		table := func(sub string, v *string) bool {
-			if *v == "" {
-				add(sub, "required")
-				return false
-			}
-			schema, tbl, err := parseTable(*v)
-			if err != nil {
-				add(sub, "%v", err)
-				return false
-			}
-			*v = CanonicalTable(schema, tbl)
-			return true
-		}
-		table("source", &c.Source)
-		tgtOK := table("target", &c.Target)
-		if c.Through != nil && c.Through.Table != "" {
-			th := *c.Through
-			table("via.table", &th.Table)
-			c.Through = &th
-		}
+// declaration is one counter under Validate's checks: counters[i].
+type declaration struct {
+	v     *validator
+	cs    []Counter
+	i     int
+	c     *Counter
+	field string
+}
 
-		column := func(sub, v string, required bool) {
-			switch {
-			case v == "" && required:
-				add(sub, "required")
-			case v == "":
-			case len(v) > MaxIdentLen:
-				add(sub, "%q is longer than %d bytes", v, MaxIdentLen)
-			case strings.ContainsRune(v, 0):
-				add(sub, "contains a NUL byte")
-			}
-		}
-		switch {
-		case c.Keyless() && c.Key != "":
-			add("key", "a counter with target_row has no key: every counted row counts into that one row")
-		case c.Keyless() && strings.ContainsRune(c.TargetRow, 0):
-			add("target_row", "contains a NUL byte")
-		default:
-			column("key", c.Key, !c.Keyless())
-		}
-		column("target_key", c.TargetKey, true)
-		column("column", c.Column, true)
-		column("sum", c.Sum, false)
-		column("max", c.Max, false)
-		column("min", c.Min, false)
-		switch {
-		case c.Max != "" && c.Min != "":
-			add("min", "a counter keeps max or min, not both: declare two counters")
-		case c.Sum != "" && (c.Max != "" || c.Min != ""):
-			add("sum", "a counter keeps a sum or an extremum (max, min), not both: declare two counters")
-		case c.CreateMissing && (c.Max != "" || c.Min != ""):
-			add("create_missing", "a max or min counter cannot create target rows yet: let a count or sum counter of the same target create them")
-		}
-		for k := range c.Where {
-			column("where."+k, k, true)
-		}
-		for _, k := range sortedKeys(c.Filters) {
-			column("where."+k, k, true)
-			f := c.Filters[k]
-			if _, dup := c.Where[k]; dup {
-				add("where."+k, "column %q is listed twice", k)
-			}
-			switch f.Op {
-			case OpNotNull:
-				if len(f.Values) != 0 {
-					add("where."+k, "IS NOT NULL takes no value")
-				}
-			case OpNe:
-				if len(f.Values) != 1 {
-					add("where."+k, "<> takes one value")
-				}
-			case OpIn, OpNotIn:
-				if len(f.Values) == 0 {
-					add("where."+k, "the list is empty: %s () matches no row", f.Op)
-				}
-			default:
-				add("where."+k, "unknown operator %q", f.Op)
-			}
-		}
+// add reports a problem with the counter's field sub.
+func (d declaration) add(sub, format string, args ...any) {
+	d.v.ps = append(d.v.ps, Problem{Field: d.field + "." + sub, Msg: fmt.Sprintf(format, args...)})
+}
 
-		for _, k := range sortedKeys(c.Defaults) {
-			column("create_missing.defaults."+k, k, true)
-			switch {
-			case !c.CreateMissing:
-				add("create_missing.defaults."+k, "defaults are for create_missing")
-			case k == c.TargetKey:
-				add("create_missing.defaults."+k, "%q is the target_key: a created row takes the key", k)
-			case k == c.Column:
-				add("create_missing.defaults."+k, "%q is the counter column: a created row's column starts at the key's delta", k)
-			}
-		}
-
-		if tgtOK && c.Column != "" {
-			if c.Column == c.TargetKey {
-				add("column", "%q is also the target_key", c.Column)
-			}
-			w := c.Target + "." + c.Column
-			if j, dup := written[w]; dup {
-				add("column", "%s is already written by counters[%d] (%s): two counters cannot write one column", w, j, cs[j].Name)
-			} else {
-				written[w] = i
-			}
+// checkName holds the name to nameRE and to being unique.
+func (d declaration) checkName() {
+	c := d.c
+	switch {
+	case c.Name == "":
+		d.add("name", "required")
+	case !nameRE.MatchString(c.Name):
+		d.add("name", "%q must be 1 to 63 lower-case letters, digits and underscores, starting with a letter", c.Name)
+	default:
+		if j, dup := d.v.names[c.Name]; dup {
+			d.add("name", "also used by counters[%d]: names must be unique", j)
+		} else {
+			d.v.names[c.Name] = d.i
 		}
 	}
+}
 
-	// A counter column may be summed by another counter (a multi-level
-	// counter: likes → posts.likes_count → users.total_likes): walcount's
-	// own flushes of the first are UPDATEs of the second's source, counted
-	// like the app's. It must not be a key or where column of a counted
-	// table (a count moving rows between keys or in and out of a filter at
-	// every flush), and the sums must not form a cycle: a counter whose
-	// column feeds, through any chain of sums, its own source column would
-	// chase its own tail through the WAL forever.
+// checkTables parses source, target and via.table and puts them into
+// canonical form; it reports whether the target is usable.
+func (d declaration) checkTables() (targetOK bool) {
+	c := d.c
+	d.table("source", &c.Source)
+	targetOK = d.table("target", &c.Target)
+	if c.Through != nil && c.Through.Table != "" {
+		th := *c.Through
+		d.table("via.table", &th.Table)
+		c.Through = &th
+	}
+	return targetOK
+}
+
+// table checks the table name *v of field sub and canonicalizes it.
+func (d declaration) table(sub string, v *string) bool {
+	if *v == "" {
+		d.add(sub, "required")
+		return false
+	}
+	schema, tbl, err := parseTable(*v)
+	if err != nil {
+		d.add(sub, "%v", err)
+		return false
+	}
+	*v = CanonicalTable(schema, tbl)
+	return true
+}
+
+// column checks a column name v of field sub.
+func (d declaration) column(sub, v string, required bool) {
+	switch {
+	case v == "" && required:
+		d.add(sub, "required")
+	case v == "":
+	case len(v) > MaxIdentLen:
+		d.add(sub, "%q is longer than %d bytes", v, MaxIdentLen)
+	case strings.ContainsRune(v, 0):
+		d.add(sub, "contains a NUL byte")
+	}
+}
+
+// checkKey checks the key, or the target_row of a keyless counter.
+func (d declaration) checkKey() {
+	c := d.c
+	switch {
+	case c.Keyless() && c.Key != "":
+		d.add("key", "a counter with target_row has no key: every counted row counts into that one row")
+	case c.Keyless() && strings.ContainsRune(c.TargetRow, 0):
+		d.add("target_row", "contains a NUL byte")
+	default:
+		d.column("key", c.Key, !c.Keyless())
+	}
+}
+
+// checkColumns checks the names of the target key, the counter column and
+// the column summed or kept the extremum of.
+func (d declaration) checkColumns() {
+	c := d.c
+	d.column("target_key", c.TargetKey, true)
+	d.column("column", c.Column, true)
+	d.column("sum", c.Sum, false)
+	d.column("max", c.Max, false)
+	d.column("min", c.Min, false)
+}
+
+// checkKind holds the counter to one kind: a count, a sum, a max or a min;
+// only a count or a sum may create target rows.
+func (d declaration) checkKind() {
+	c := d.c
+	switch {
+	case c.Max != "" && c.Min != "":
+		d.add("min", "a counter keeps max or min, not both: declare two counters")
+	case c.Sum != "" && (c.Max != "" || c.Min != ""):
+		d.add("sum", "a counter keeps a sum or an extremum (max, min), not both: declare two counters")
+	case c.CreateMissing && (c.Max != "" || c.Min != ""):
+		d.add("create_missing", "a max or min counter cannot create target rows yet: let a count or sum counter of the same target create them")
+	}
+}
+
+// checkWhere checks the where columns and each filter's operator and
+// values.
+func (d declaration) checkWhere() {
+	c := d.c
+	for k := range c.Where {
+		d.column("where."+k, k, true)
+	}
+	for _, k := range sortedKeys(c.Filters) {
+		d.column("where."+k, k, true)
+		f := c.Filters[k]
+		if _, dup := c.Where[k]; dup {
+			d.add("where."+k, "column %q is listed twice", k)
+		}
+		switch f.Op {
+		case OpNotNull:
+			if len(f.Values) != 0 {
+				d.add("where."+k, "IS NOT NULL takes no value")
+			}
+		case OpNe:
+			if len(f.Values) != 1 {
+				d.add("where."+k, "<> takes one value")
+			}
+		case OpIn, OpNotIn:
+			if len(f.Values) == 0 {
+				d.add("where."+k, "the list is empty: %s () matches no row", f.Op)
+			}
+		default:
+			d.add("where."+k, "unknown operator %q", f.Op)
+		}
+	}
+}
+
+// checkDefaults checks create_missing's defaults: columns other than the
+// key and the counter column, of a counter that creates rows.
+func (d declaration) checkDefaults() {
+	c := d.c
+	for _, k := range sortedKeys(c.Defaults) {
+		d.column("create_missing.defaults."+k, k, true)
+		switch {
+		case !c.CreateMissing:
+			d.add("create_missing.defaults."+k, "defaults are for create_missing")
+		case k == c.TargetKey:
+			d.add("create_missing.defaults."+k, "%q is the target_key: a created row takes the key", k)
+		case k == c.Column:
+			d.add("create_missing.defaults."+k, "%q is the counter column: a created row's column starts at the key's delta", k)
+		}
+	}
+}
+
+// checkWritten holds the counter column to being no key and written by no
+// other counter.
+func (d declaration) checkWritten(targetOK bool) {
+	c := d.c
+	if !targetOK || c.Column == "" {
+		return
+	}
+	if c.Column == c.TargetKey {
+		d.add("column", "%q is also the target_key", c.Column)
+	}
+	w := c.Target + "." + c.Column
+	if j, dup := d.v.written[w]; dup {
+		d.add("column", "%s is already written by counters[%d] (%s): two counters cannot write one column", w, j, d.cs[j].Name)
+	} else {
+		d.v.written[w] = d.i
+	}
+}
+
+// checkReadColumns holds each counter column to what other counters may
+// read of it. A counter column may be summed by another counter (a
+// multi-level counter: likes → posts.likes_count → users.total_likes):
+// walcount's own flushes of the first are UPDATEs of the second's source,
+// counted like the app's. It must not be a key or where column of a
+// counted table (a count moving rows between keys or in and out of a
+// filter at every flush), and the sums must not form a cycle (SumCycle): a
+// counter whose column feeds, through any chain of sums, its own source
+// column would chase its own tail through the WAL forever.
+func (v *validator) checkReadColumns(cs []Counter) {
 	for i, c := range cs {
 		for j, d := range cs {
 			if c.Target != d.Source || c.Column == "" {
@@ -176,20 +262,13 @@ func Validate(cs []Counter) []Problem {
 			inWhere := slices.Contains(d.FilterColumns(), c.Column)
 			ext, _ := d.Extremum()
 			if (d.Key != "" && c.Column == d.Key) || (ext != "" && c.Column == ext) || inWhere {
-				ps = append(ps, Problem{
+				v.ps = append(v.ps, Problem{
 					Field: FieldPath(i, c.Name) + ".column",
 					Msg:   fmt.Sprintf("%s.%s is read by counters[%d] (%s): a counter column cannot be a key, max, min or where column of a counted table (only a sum may read it)", c.Target, c.Column, j, d.Name),
 				})
 			}
 		}
 	}
-	if i, path := SumCycle(cs); i >= 0 {
-		ps = append(ps, Problem{
-			Field: FieldPath(i, cs[i].Name) + ".sum",
-			Msg:   fmt.Sprintf("the counters sum each other's columns in a cycle (%s): every flush would change the column it is computed from", strings.Join(path, " → ")),
-		})
-	}
-	return ps
 }
 
 // FieldPath names counter i in problems: "counters[1] (post_likes)".

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // envImageTest turns TestImage on. It needs a Docker engine with BuildKit
@@ -250,19 +251,17 @@ func checkContainer(t *testing.T, d docker, name, db string) {
 			}
 		}
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	if !wait.Until(90*time.Second, 500*time.Millisecond, func() bool {
 		inspectJSON(t, d, &state, "container", "inspect", "--format", "{{json .}}", name)
 		if state.State.Health.Status == "healthy" {
-			break
+			return true
 		}
 		if state.State.Status != "running" {
 			t.Fatalf("container %s is %s, not running", name, state.State.Status)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("container %s not healthy after 90 s: health %q, log %+v", name, state.State.Health.Status, state.State.Health.Log)
-		}
-		time.Sleep(500 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("container %s not healthy after 90 s: health %q, log %+v", name, state.State.Health.Status, state.State.Health.Log)
 	}
 	t.Logf("container %s healthy (docker's health check %q)", name, state.Config.Healthcheck.Test)
 	if !slices.Equal(state.Config.Healthcheck.Test, []string{"CMD", "/walcount", "healthcheck"}) {
@@ -302,7 +301,8 @@ func checkContainer(t *testing.T, d docker, name, db string) {
 	}
 	want := map[int64]int64{1: 5, 2: 1, 3: 1, 4: 0}
 	var got map[int64]int64
-	for {
+	deadline, _ := ctx.Deadline()
+	if wait.Until(time.Until(deadline), 200*time.Millisecond, func() bool {
 		got = map[int64]int64{}
 		rows, err := conn.Query(ctx, "SELECT id, likes_count FROM posts WHERE id <= 4")
 		if err != nil {
@@ -318,15 +318,12 @@ func checkContainer(t *testing.T, d docker, name, db string) {
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		if fmt.Sprint(got) == fmt.Sprint(want) {
-			t.Logf("likes_count of posts 1-4: %v", got)
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("likes_count of posts 1-4 is %v, want %v, after 2 minutes", got, want)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return fmt.Sprint(got) == fmt.Sprint(want)
+	}) {
+		t.Logf("likes_count of posts 1-4: %v", got)
+		return
 	}
+	t.Fatalf("likes_count of posts 1-4 is %v, want %v, after 2 minutes", got, want)
 }
 
 // removeContainer prints the container's log when the test failed, and
@@ -518,21 +515,22 @@ func procAddr(t *testing.T, s string) string {
 // waitHTTP200 waits up to a minute for url to answer 200.
 func waitHTTP200(t *testing.T, url string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
+	var err error
+	if !wait.Until(time.Minute, 500*time.Millisecond, func() bool {
+		var resp *http.Response
+		resp, err = http.Get(url)
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET %s: %v", url, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return true
 		}
-		time.Sleep(500 * time.Millisecond)
+		err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
+		return false
+	}) {
+		t.Fatalf("GET %s: %v", url, err)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
@@ -105,13 +106,18 @@ func (e *env) exec(sql string, args ...any) {
 // (the first-start backfill done) and returns the last run.
 func (e *env) waitIdle() reconcile.RunInfo {
 	e.t.Helper()
-	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if st := e.d.ReconcileStatus(); st.Current == nil && st.Last != nil {
-			return *st.Last
+	var last reconcile.RunInfo
+	if !wait.Until(3*time.Minute, 20*time.Millisecond, func() bool {
+		st := e.d.ReconcileStatus()
+		if st.Current == nil && st.Last != nil {
+			last = *st.Last
+			return true
 		}
+		return false
+	}) {
+		e.t.Fatal("the reconciler did not become idle")
 	}
-	e.t.Fatal("the reconciler did not become idle")
-	return reconcile.RunInfo{}
+	return last
 }
 
 // start asks the daemon for a run, as walcount reconcile does, and
@@ -119,21 +125,29 @@ func (e *env) waitIdle() reconcile.RunInfo {
 func (e *env) start(req reconcile.Request) (reconcile.RunInfo, int) {
 	e.t.Helper()
 	body, _ := json.Marshal(req)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+	var run reconcile.RunInfo
+	var code int
+	// A refusal while the reconciler is busy or not ready is asked again
+	// for a minute.
+	wait.Until(time.Minute, 20*time.Millisecond, func() bool {
 		w := httptest.NewRecorder()
 		e.d.ReconcileHandler().ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/reconcile", bytes.NewReader(body)))
-		switch {
-		case w.Code == http.StatusAccepted:
-			var run reconcile.RunInfo
+		code = w.Code
+		switch code {
+		case http.StatusAccepted:
 			if err := json.Unmarshal(w.Body.Bytes(), &run); err != nil {
 				e.t.Fatal(err)
 			}
-			return run, w.Code
-		case (w.Code == http.StatusConflict || w.Code == http.StatusServiceUnavailable) && time.Now().Before(deadline):
-		default:
-			return reconcile.RunInfo{}, w.Code
+			return true
+		case http.StatusConflict, http.StatusServiceUnavailable:
+			return false
 		}
+		return true
+	})
+	if code != http.StatusAccepted {
+		return reconcile.RunInfo{}, code
 	}
+	return run, code
 }
 
 // reconcile runs req to its end and returns the run.
@@ -143,16 +157,21 @@ func (e *env) reconcile(req reconcile.Request) reconcile.RunInfo {
 	if code != http.StatusAccepted {
 		e.t.Fatalf("start reconciliation: HTTP %d", code)
 	}
-	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if st := e.d.ReconcileStatus(); st.Last != nil && st.Last.ID == run.ID && (st.Current == nil || st.Current.ID != run.ID) {
-			if st.Last.Status != state.StatusDone {
-				e.t.Fatalf("run %d: %s: %s", run.ID, st.Last.Status, st.Last.Error)
-			}
-			return *st.Last
+	var last reconcile.RunInfo
+	if !wait.Until(3*time.Minute, 20*time.Millisecond, func() bool {
+		st := e.d.ReconcileStatus()
+		if st.Last != nil && st.Last.ID == run.ID && (st.Current == nil || st.Current.ID != run.ID) {
+			last = *st.Last
+			return true
 		}
+		return false
+	}) {
+		e.t.Fatalf("run %d did not finish", run.ID)
 	}
-	e.t.Fatalf("run %d did not finish", run.ID)
-	return reconcile.RunInfo{}
+	if last.Status != state.StatusDone {
+		e.t.Fatalf("run %d: %s: %s", run.ID, last.Status, last.Error)
+	}
+	return last
 }
 
 // caughtUp waits until W passes everything committed so far.
@@ -163,10 +182,11 @@ func (e *env) caughtUp() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if w, err := state.ReadCheckpoint(ctx, e.db, e.cfg.Slot); err == nil && w > mark {
-			return
-		}
+	if wait.Until(time.Minute, 20*time.Millisecond, func() bool {
+		w, err := state.ReadCheckpoint(ctx, e.db, e.cfg.Slot)
+		return err == nil && w > mark
+	}) {
+		return
 	}
 	e.t.Fatalf("the checkpoint did not pass %s", mark)
 }
@@ -245,18 +265,14 @@ func (l *load) stop(t testing.TB) {
 	// commit after whatever the test does next (a mark the checkpoint then
 	// passes without it: one key off by one). Wait until no backend runs
 	// one of the load's statements.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		err := l.db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+	var n int
+	var err error
+	if !wait.Until(30*time.Second, 10*time.Millisecond, func() bool {
+		err = l.db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 WHERE pid <> pg_backend_pid() AND state <> 'idle' AND (query LIKE 'INSERT INTO likes%' OR query LIKE 'DELETE FROM likes%')`).Scan(&n)
-		if err == nil && n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the load's statements still run 30 s after it stopped (%d, %v)", n, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return err == nil && n == 0
+	}) {
+		t.Fatalf("the load's statements still run 30 s after it stopped (%d, %v)", n, err)
 	}
 	l.stopped.Do(func() { t.Logf("load: %d writes", l.ok.Load()) })
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // fakeServer answers the gate's three queries: synchronized_standby_slots,
@@ -124,12 +125,8 @@ func newGate(t *testing.T, f *fakeServer) (*StandbyGate, *acks) {
 
 func waitAck(t *testing.T, a *acks, want cdc.LSN) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for a.last() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("confirmed %v, want the last to be %s", a.all(), want)
-		}
-		time.Sleep(time.Millisecond)
+	if !wait.Until(10*time.Second, time.Millisecond, func() bool { return a.last() == want }) {
+		t.Fatalf("confirmed %v, want the last to be %s", a.all(), want)
 	}
 }
 
@@ -137,11 +134,8 @@ func waitAck(t *testing.T, a *acks, want cdc.LSN) {
 // polls every millisecond, so a wrong release would show within it.
 func stays(t *testing.T, g *StandbyGate, a *acks, want cdc.LSN) {
 	t.Helper()
-	for range 50 {
-		if l := a.last(); l > want {
-			t.Fatalf("confirmed %s while the standbys had not passed its flush (all: %v)", l, a.all())
-		}
-		time.Sleep(time.Millisecond)
+	if wait.Until(50*time.Millisecond, time.Millisecond, func() bool { return a.last() > want }) {
+		t.Fatalf("confirmed %s while the standbys had not passed its flush (all: %v)", a.last(), a.all())
 	}
 	_ = g
 }

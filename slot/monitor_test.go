@@ -21,6 +21,7 @@ import (
 
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	monitor "github.com/walcount/walcount/slot"
 )
 
@@ -382,16 +383,12 @@ func createSlot(t *testing.T, pool *pgxpool.Pool) string {
 		// replication connection closed; wait for the walsender to exit.
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for {
-			_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
-			if err == nil {
-				return
-			}
-			if ctx.Err() != nil {
-				t.Errorf("drop slot %s: %v", name, err)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+		var err error
+		if !wait.Until(10*time.Second, 50*time.Millisecond, func() bool {
+			_, err = pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+			return err == nil
+		}) {
+			t.Errorf("drop slot %s: %v", name, err)
 		}
 	})
 	return name
@@ -409,33 +406,29 @@ func readSlot(t *testing.T, q monitor.Querier, slot string) monitor.SlotStatus {
 // eventually reads the slot until ok holds, for at most 10 seconds.
 func eventually(t *testing.T, q monitor.Querier, slot, what string, ok func(monitor.SlotStatus) bool) monitor.SlotStatus {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s := readSlot(t, q, slot)
-		if ok(s) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s; last reading %+v", what, s)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var s monitor.SlotStatus
+	if !wait.Until(10*time.Second, 50*time.Millisecond, func() bool {
+		s = readSlot(t, q, slot)
+		return ok(s)
+	}) {
+		t.Fatalf("gave up waiting for %s; last reading %+v", what, s)
 	}
+	return s
 }
 
 // waitLatest waits, for at most 10 seconds, until the monitor's latest
 // reading satisfies ok.
 func waitLatest(t *testing.T, mon *monitor.Monitor, what string, ok func(monitor.SlotStatus) bool) monitor.SlotStatus {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if s, have := mon.Latest(); have && ok(s) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for the monitor to see %s; last reading %+v", what, latest(mon))
-		}
-		time.Sleep(20 * time.Millisecond)
+	var s monitor.SlotStatus
+	if !wait.Until(10*time.Second, 20*time.Millisecond, func() bool {
+		var have bool
+		s, have = mon.Latest()
+		return have && ok(s)
+	}) {
+		t.Fatalf("gave up waiting for the monitor to see %s; last reading %+v", what, latest(mon))
 	}
+	return s
 }
 
 func latest(mon *monitor.Monitor) monitor.SlotStatus {

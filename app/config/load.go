@@ -45,115 +45,160 @@ func Load(path string, env func(string) (string, bool), ov Overrides) (Config, e
 	if env == nil {
 		env = os.LookupEnv
 	}
-	cfg := Default()
-	// origin maps a top-level field (its YAML name) to the flag or variable
-	// that set it, so that a problem can be blamed on the right place.
-	origin := map[string]string{}
-	var fileSet map[string]bool // the file's top-level keys
-
+	l := &loader{cfg: Default(), env: env, origin: map[string]string{},
+		flagged: map[string]bool{}, envProblems: map[string]Problem{}}
 	// The conventional variables come first, so that the file and
 	// walcount's own variables override them.
-	for _, s := range Settings {
-		if s.Fallback == "" {
-			continue
-		}
-		if v, name, ok := firstEnv(env, s.Fallback); ok {
-			_ = s.Set(&cfg, v) // fallbacks are URLs, which parse as text
-			origin[s.Key] = name
-		}
-	}
-
+	l.applyFallbacks()
 	if path == "" {
 		path, _, _ = firstEnv(env, EnvConfig)
 	}
 	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			var pe *fs.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err
-			}
-			return Config{}, &Error{Problems: []Problem{{Source: path, Msg: "read config file: " + err.Error()}}}
-		}
-		set, err := decode(data, path, env, &cfg)
-		if err != nil {
+		if err := l.readFile(path); err != nil {
 			return Config{}, err
 		}
-		fileSet = set
-		for field := range set {
-			delete(origin, field) // the file overrides the fallbacks
-		}
-		cfg.File = path
 	}
+	l.applyEnv()
+	if problems := l.applyFlags(ov); len(problems) > 0 {
+		return Config{}, &Error{Problems: problems}
+	}
+	problems, err := l.validate()
+	if err != nil {
+		return Config{}, err
+	}
+	if len(problems) > 0 {
+		return Config{}, &Error{Problems: problems}
+	}
+	cfg := l.cfg
+	cfg.Origin = map[string]string{}
+	for field := range l.fileSet {
+		cfg.Origin[field] = l.path
+	}
+	maps.Copy(cfg.Origin, l.origin)
+	return cfg, nil
+}
 
-	flagged := map[string]bool{}
-	// envProblems are values of variables that do not parse, by field. A
-	// flag that sets the field makes them moot.
-	envProblems := map[string]Problem{}
+// loader is one Load under way.
+type loader struct {
+	cfg Config
+	env func(string) (string, bool)
+	// path is the file read, "" for none; fileSet its top-level keys.
+	path    string
+	fileSet map[string]bool
+	// origin maps a field (its YAML key) to the flag or variable that
+	// set it, so that a problem can be blamed on the right place.
+	origin map[string]string
+	// flagged are the fields a flag set.
+	flagged map[string]bool
+	// envProblems are values of variables that do not parse, by field.
+	// A flag that sets the field makes them moot.
+	envProblems map[string]Problem
+}
+
+// applyFallbacks sets what the conventional variables (DATABASE_URL)
+// hold.
+func (l *loader) applyFallbacks() {
+	for _, s := range Settings {
+		if s.Fallback == "" {
+			continue
+		}
+		if v, name, ok := firstEnv(l.env, s.Fallback); ok {
+			_ = s.Set(&l.cfg, v) // fallbacks are URLs, which parse as text
+			l.origin[s.Key] = name
+		}
+	}
+}
+
+// readFile decodes the file at path over the configuration; what it sets
+// overrides the fallbacks.
+func (l *loader) readFile(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return &Error{Problems: []Problem{{Source: path, Msg: "read config file: " + err.Error()}}}
+	}
+	set, err := decode(data, path, l.env, &l.cfg)
+	if err != nil {
+		return err
+	}
+	l.path, l.fileSet = path, set
+	for field := range set {
+		delete(l.origin, field) // the file overrides the fallbacks
+	}
+	l.cfg.File = path
+	return nil
+}
+
+// applyEnv sets what walcount's own variables hold; a value that does not
+// parse is kept in envProblems.
+func (l *loader) applyEnv() {
 	for _, s := range Settings {
 		if s.Env == "" || s.Key == "" {
 			continue
 		}
-		v, name, ok := firstEnv(env, s.Env)
+		v, name, ok := firstEnv(l.env, s.Env)
 		if !ok {
 			continue
 		}
-		if err := s.Set(&cfg, v); err != nil {
-			envProblems[s.Key] = Problem{Source: name, Msg: err.Error()}
+		if err := s.Set(&l.cfg, v); err != nil {
+			l.envProblems[s.Key] = Problem{Source: name, Msg: err.Error()}
 			continue
 		}
-		origin[s.Key] = name
+		l.origin[s.Key] = name
 	}
-	var flagProblems []Problem
+}
+
+// applyFlags sets what the flags hold and returns the flags whose values
+// do not parse.
+func (l *loader) applyFlags(ov Overrides) []Problem {
+	var problems []Problem
 	for _, s := range Settings {
 		v, ok := ov[s.Flag]
 		if !ok || s.Key == "" {
 			continue
 		}
-		if err := s.Set(&cfg, v); err != nil {
-			flagProblems = append(flagProblems, Problem{Source: "--" + s.Flag, Msg: err.Error()})
+		if err := s.Set(&l.cfg, v); err != nil {
+			problems = append(problems, Problem{Source: "--" + s.Flag, Msg: err.Error()})
 			continue
 		}
-		origin[s.Key], flagged[s.Key] = "--"+s.Flag, true
+		l.origin[s.Key], l.flagged[s.Key] = "--"+s.Flag, true
 	}
-	if len(flagProblems) > 0 {
-		return Config{}, &Error{Problems: flagProblems}
-	}
+	return problems
+}
 
+// validate validates the result and returns its problems, each blamed on
+// the flag, the variable or the file that set the value, and the
+// variables that did not parse (unless a flag set their field).
+func (l *loader) validate() ([]Problem, error) {
 	var problems []Problem
-	if err := cfg.Validate(); err != nil {
+	if err := l.cfg.Validate(); err != nil {
 		var ce *Error
 		if !errors.As(err, &ce) {
-			return Config{}, err
+			return nil, err
 		}
 		for _, p := range ce.Problems {
-			if _, bad := envProblems[SettingKey(p.Field)]; bad {
+			if _, bad := l.envProblems[SettingKey(p.Field)]; bad {
 				continue // the variable's own problem says more
 			}
-			if o, ok := origin[SettingKey(p.Field)]; ok {
+			if o, ok := l.origin[SettingKey(p.Field)]; ok {
 				// A flag or a variable holds exactly one value: its
 				// name says everything the field path would.
 				p.Source, p.Field = o, ""
-			} else if path != "" {
-				p.Source = path
+			} else if l.path != "" {
+				p.Source = l.path
 			}
 			problems = append(problems, p)
 		}
 	}
 	for _, s := range Settings {
-		if p, bad := envProblems[s.Key]; bad && !flagged[s.Key] {
+		if p, bad := l.envProblems[s.Key]; bad && !l.flagged[s.Key] {
 			problems = append(problems, p)
 		}
 	}
-	if len(problems) > 0 {
-		return Config{}, &Error{Problems: problems}
-	}
-	cfg.Origin = map[string]string{}
-	for field := range fileSet {
-		cfg.Origin[field] = path
-	}
-	maps.Copy(cfg.Origin, origin)
-	return cfg, nil
+	return problems, nil
 }
 
 // Parse reads a YAML configuration file over Default and validates the

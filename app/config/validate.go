@@ -133,6 +133,26 @@ func (c *Config) Validate() error {
 		ps = append(ps, Problem{Field: field, Msg: fmt.Sprintf(format, args...)})
 	}
 
+	c.validateConnections(add)
+	c.validateTimings(add)
+	c.validateServing(add)
+	c.validateBlocks(add)
+
+	for _, p := range counter.Validate(c.Counters) {
+		ps = append(ps, Problem{Field: p.Field, Msg: p.Msg})
+	}
+	if len(ps) > 0 {
+		return &Error{Problems: ps}
+	}
+	return nil
+}
+
+// problemFunc adds a problem with the setting field.
+type problemFunc func(field, format string, args ...any)
+
+// validateConnections checks the URLs and the names of the slot and the
+// publication.
+func (c *Config) validateConnections(add problemFunc) {
 	checkPGURL := func(field, v string) {
 		if !strings.Contains(v, "://") {
 			return
@@ -168,6 +188,11 @@ func (c *Config) Validate() error {
 	if !slotName.MatchString(c.Publication) {
 		add("publication", "%q is not a valid publication name: use 1 to 63 lower-case letters, digits and underscores, not starting with a digit", c.Publication)
 	}
+}
+
+// validateTimings checks the intervals and the bounds of the stream, the
+// aggregator and the flush.
+func (c *Config) validateTimings(add problemFunc) {
 	if c.FlushInterval <= 0 || c.FlushInterval > MaxFlushInterval {
 		add("flush_interval", "%s is out of range: must be more than 0 and at most %s", c.FlushInterval, MaxFlushInterval)
 	}
@@ -183,6 +208,11 @@ func (c *Config) Validate() error {
 	if c.StreamTimeout < 0 || (c.StreamTimeout > 0 && c.StreamTimeout < MinStreamTimeout) {
 		add("stream_timeout", "%s is out of range: must be 0 (derived from wal_sender_timeout) or at least %s", c.StreamTimeout, MinStreamTimeout)
 	}
+}
+
+// validateServing checks the HTTP API, the logs, the CPU scheduling and
+// what to do on slot loss.
+func (c *Config) validateServing(add problemFunc) {
 	if c.HTTPAddr != "" {
 		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 			add("http_addr", "%q is not host:port", c.HTTPAddr)
@@ -206,6 +236,10 @@ func (c *Config) Validate() error {
 	if c.OnSlotLoss != SlotLossStop && c.OnSlotLoss != SlotLossRecreate {
 		add("on_slot_loss", "%q is not one of stop, recreate", c.OnSlotLoss)
 	}
+}
+
+// validateBlocks checks the slot_monitor and reconcile blocks.
+func (c *Config) validateBlocks(add problemFunc) {
 	if c.SlotSettings.PollInterval <= 0 {
 		add("slot_monitor.poll_interval", "%s is out of range: must be more than 0", c.SlotSettings.PollInterval)
 	}
@@ -221,20 +255,12 @@ func (c *Config) Validate() error {
 	if c.Reconcile.MaxKeysPerSecond < 0 {
 		add("reconcile.max_keys_per_second", "%d is out of range: must be 0 (no limit) or more", c.Reconcile.MaxKeysPerSecond)
 	}
-
-	for _, p := range counter.Validate(c.Counters) {
-		ps = append(ps, Problem{Field: p.Field, Msg: p.Msg})
-	}
-	if len(ps) > 0 {
-		return &Error{Problems: ps}
-	}
-	return nil
 }
 
 // validateRedis reports what is wrong with the Redis settings, each under
 // the setting that causes it. Messages never repeat the URL: it may hold
 // a password.
-func (c *Config) validateRedis(add func(field, format string, args ...any)) {
+func (c *Config) validateRedis(add problemFunc) {
 	tlsOpt := c.RedisTLS.Options()
 	if _, err := redisconn.Parse(c.RedisURL, redisconn.TLSOptions{}); err != nil {
 		add("redis_url", "%v", err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // bigBatchPosts is the size of the scaled-down bulk insert of issue 26
@@ -47,18 +48,14 @@ func (e *env) bulkInsert() {
 // the bound is generous.
 func (e *env) waitApplied(likes int64) {
 	e.t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		var n, sum int64
-		err := e.db.QueryRow(context.Background(),
+	var n, sum int64
+	var err error
+	if !wait.Until(3*time.Minute, 100*time.Millisecond, func() bool {
+		err = e.db.QueryRow(context.Background(),
 			"SELECT (SELECT count(*) FROM walcount.carried), (SELECT coalesce(sum(likes_count), 0) FROM posts)").Scan(&n, &sum)
-		if err == nil && n == 0 && sum == likes {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("after 3 minutes: %d keys carried, %d of %d likes counted (%v)", n, sum, likes, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err == nil && n == 0 && sum == likes
+	}) {
+		e.t.Fatalf("after 3 minutes: %d keys carried, %d of %d likes counted (%v)", n, sum, likes, err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 const catchUp = 60 * time.Second
@@ -105,14 +106,18 @@ func TestCrashPoints(t *testing.T) {
 
 // underDisruption runs a workload of clients×ops against a daemon while
 // disrupt breaks something, then checks that the counts end exact.
-func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env)) {
+func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env, w *workload)) {
 	t.Helper()
 	e := newEnv(t)
 	d := e.start()
 	w := newWorkload(e.db)
 	done := make(chan struct{})
-	go func() { defer close(done); w.run(context.Background(), clients, ops) }()
-	disrupt(e)
+	go func() {
+		defer close(done)
+		w.run(context.Background(), clients, ops)
+		w.ended.Store(true)
+	}()
+	disrupt(e, w)
 	<-done
 	w.report(t)
 	// More traffic once everything is back.
@@ -126,10 +131,10 @@ func underDisruption(t *testing.T, clients, ops int, disrupt func(e *env)) {
 
 func TestRedisFlushAllMidStream(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 400, func(e *env) {
+	underDisruption(t, 4, 400, func(e *env, w *workload) {
 		rdb := e.rdb()
 		for i := 0; i < 3; i++ {
-			time.Sleep(300 * time.Millisecond)
+			w.waitOps(t, 150)
 			if err := rdb.FlushAll(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -139,12 +144,14 @@ func TestRedisFlushAllMidStream(t *testing.T) {
 
 func TestRedisKilledAndRestarted(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 400, func(e *env) {
-		time.Sleep(400 * time.Millisecond)
+	underDisruption(t, 4, 400, func(e *env, w *workload) {
+		w.waitOps(t, 200)
 		if err := e.redis.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(700 * time.Millisecond)
+		// Redis stays down until walcount noticed, the load going on.
+		waitSessionDown(t, e.last)
+		w.waitOps(t, 100)
 		if err := e.redis.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -153,13 +160,14 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 
 func TestPostgresCrashAndRestart(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 600, func(e *env) {
-		time.Sleep(500 * time.Millisecond)
+	underDisruption(t, 4, 600, func(e *env, w *workload) {
+		w.waitOps(t, 250)
 		ctx := context.Background()
 		if err := e.pg.Stop(ctx, "immediate"); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
+		// PostgreSQL stays down until walcount noticed.
+		waitSessionDown(t, e.last)
 		if err := e.pg.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -234,6 +242,9 @@ func TestIdleSlotAdvances(t *testing.T) {
 		if _, err := e.db.Exec(ctx, "INSERT INTO events (payload) SELECT repeat('x', 1000) FROM generate_series(1, 5000)"); err != nil {
 			t.Fatal(err)
 		}
+		// Paces the bursts: the test samples the lag the heartbeats
+		// leave between them, so the time between bursts is the
+		// measurement, not a wait for an event.
 		time.Sleep(200 * time.Millisecond)
 		if round < 5 {
 			continue // let the first heartbeats go round
@@ -327,14 +338,9 @@ func TestDrainBacklog(t *testing.T) {
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !wait.Until(30*time.Second, 50*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for: %s", what)
 	}
-	t.Fatalf("timed out waiting for: %s", what)
 }
 
 // TestPostgresFastShutdownWithDaemonConnected stops PostgreSQL the
@@ -352,6 +358,9 @@ func TestPostgresFastShutdownWithDaemonConnected(t *testing.T) {
 	if _, err := e.db.Exec(ctx, "INSERT INTO events (payload) SELECT 'x' FROM generate_series(1, 1000)"); err != nil {
 		t.Fatal(err)
 	}
+	// The unrelated WAL is sent to walcount, which confirms no
+	// transaction of its in it: the shutdown must not wait on that. The
+	// walsender reports nothing the test could wait for.
 	time.Sleep(300 * time.Millisecond)
 	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()

@@ -17,6 +17,7 @@ import (
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -209,17 +210,15 @@ func (e *env) waitCaughtUp(within time.Duration) {
 func (e *env) waitPast(within time.Duration) {
 	e.t.Helper()
 	target := e.mark()
-	deadline := time.Now().Add(within)
 	var last cdc.LSN
 	var lastErr error
-	for time.Now().Before(deadline) {
+	if wait.Until(within, 50*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		last, lastErr = e.checkpoint(ctx)
 		cancel()
-		if lastErr == nil && last > target {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+		return lastErr == nil && last > target
+	}) {
+		return
 	}
 	e.t.Fatalf("checkpoint did not pass %s within %s (at %s, err %v)", target, within, last, lastErr)
 }

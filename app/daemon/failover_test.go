@@ -75,7 +75,7 @@ func testFailover(t *testing.T, lagging bool) {
 	if failoverSlots {
 		waitSynced(t, e, standby)
 	} else {
-		time.Sleep(time.Second)
+		w.waitCommitted(t, 50)
 	}
 	var receiver int
 	if lagging {
@@ -85,7 +85,7 @@ func testFailover(t *testing.T, lagging bool) {
 		if err := syscall.Kill(receiver, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(1500 * time.Millisecond) // the primary commits what the standby will never have
+		w.waitCommitted(t, 50) // the primary commits what the standby will never have
 	}
 	killed := time.Now()
 	if err := e.pg.Stop(ctx, servers.StopImmediate); err != nil {
@@ -116,7 +116,7 @@ func testFailover(t *testing.T, lagging bool) {
 		return st.Streaming && st.SessionStart != nil && st.SessionStart.After(killed)
 	})
 	streaming := time.Since(killed)
-	time.Sleep(time.Second) // writes to the new primary while walcount follows it
+	w.waitCommitted(t, 50) // writes to the new primary while walcount follows it
 	stopLoad()
 	w.report(t)
 	e.waitCaughtUp(2 * time.Minute)

@@ -579,6 +579,8 @@ func TestCheckAtAdoption(t *testing.T) {
 			if err == nil {
 				unlikes.Add(tag.RowsAffected())
 			}
+			// Paced, so that the unlikes spread over several flushes
+			// (a load generator's pace, not a wait).
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()

@@ -41,6 +41,9 @@ func lifecycleUnderLoad(t *testing.T, rounds int, change func(ctx context.Contex
 		if err := change(ctx, e, round); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
+		// The rounds are spread over the load's run (a pace, not a
+		// wait): the workload may end before the last round, so there is
+		// no progress of its to wait for.
 		time.Sleep(50 * time.Millisecond)
 	}
 	wg.Wait()
@@ -62,7 +65,10 @@ func TestTargetDeletedAndReinserted(t *testing.T) {
 		if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT $1 FROM generate_series(1, 10)", post); err != nil {
 			return err
 		}
-		// Let the likes reach the buffer before the post goes.
+		// Let the likes reach the buffer before the post goes: a window
+		// the race needs, not an event; no signal tells buffered deltas
+		// apart from deltas already flushed, and waiting for a flush
+		// would close the window the test is about.
 		time.Sleep(30 * time.Millisecond)
 		if _, err := e.db.Exec(ctx, "DELETE FROM posts WHERE id = $1", post); err != nil {
 			return err
@@ -85,6 +91,8 @@ func TestTargetKeyChanged(t *testing.T) {
 		if _, err := e.db.Exec(ctx, "INSERT INTO likes (post_id) SELECT $1 FROM generate_series(1, 10)", from); err != nil {
 			return err
 		}
+		// The same window as in TestTargetDeletedAndReinserted: the
+		// likes buffered, not yet flushed, when the key moves.
 		time.Sleep(30 * time.Millisecond)
 		if _, err := e.db.Exec(ctx, "UPDATE posts SET id = $2 WHERE id = $1", from, from+1000); err != nil {
 			return err

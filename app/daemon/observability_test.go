@@ -23,6 +23,7 @@ import (
 	"github.com/walcount/walcount/internal/buildinfo"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/slot"
 )
 
@@ -156,18 +157,13 @@ func (s *served) count(msg string, lvl zapcore.Level) int {
 // description after observeWithin.
 func poll(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(observeWithin)
 	var last string
-	for {
+	if !wait.Until(observeWithin, 100*time.Millisecond, func() bool {
 		var ok bool
 		ok, last = cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last: %s", observeWithin, what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return ok
+	}) {
+		t.Fatalf("timed out after %s waiting for %s; last: %s", observeWithin, what, last)
 	}
 }
 

@@ -28,23 +28,17 @@ const partitionScanTimeout = 30 * time.Second
 // also follows the UNLOGGED leaves of every source, or a source that is
 // itself unlogged (followUnlogged).
 func (d *Daemon) watchPartitions(ctx context.Context) {
-	t := time.NewTicker(d.cfg.SlotSettings.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = everyTick(ctx, d.cfg.SlotSettings.PollInterval, func() error {
 		if !d.streaming() {
-			continue
+			return nil
 		}
 		for _, c := range d.cfg.Counters {
 			if err := d.checkPartitions(ctx, c); err != nil && ctx.Err() == nil {
 				d.log.Debug("cannot compare a source's partitions", zap.String("counter", c.Name), zap.Error(err))
 			}
 		}
-	}
+		return nil
+	})
 }
 
 // checkPartitions compares one counter's source with its saved leaves,

@@ -63,7 +63,7 @@ func TestPartitionedSource(t *testing.T) {
 	}
 	for _, s := range steps {
 		stop := w.background(2, 10)
-		time.Sleep(300 * time.Millisecond)
+		w.waitCommitted(t, 30)
 		if s.name == "drop a partition" || s.name == "detach a partition" {
 			// likes_c must hold rows when it goes.
 			e.exec("INSERT INTO likes (post_id) SELECT 35 + g % 15 FROM generate_series(1, 30) g")
@@ -76,11 +76,13 @@ func TestPartitionedSource(t *testing.T) {
 			e.exec(ddl)
 		}
 		marked := time.Now()
-		time.Sleep(300 * time.Millisecond)
+		w.waitOps(t, 30)
 		stop()
 		if s.name == "create an empty partition" {
 			// No rows bypassed the WAL: nothing to repair.
 			e.waitCaughtUp(catchUp)
+			// Nothing must be marked: there is no event to wait for, only
+			// several rounds of the partition watcher to let pass.
 			time.Sleep(3 * e.cfg.SlotSettings.PollInterval)
 			marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot)
 			if err != nil {
@@ -242,7 +244,7 @@ func TestPartitionFilledAndAttachedInOneTransaction(t *testing.T) {
 	)
 	e.waitCaughtUp(catchUp)
 	// The watcher compares the partitions every poll interval; give it
-	// several.
+	// several. Nothing must be marked, so there is no event to wait for.
 	time.Sleep(3 * e.cfg.SlotSettings.PollInterval)
 	if marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot); err != nil || len(marks) != 0 {
 		t.Errorf("a partition created as such and filled in its transaction marked the counter dirty: %+v (%v)", marks, err)

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/walcount/walcount/app/setup"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
@@ -17,33 +18,33 @@ import (
 // waitRun waits for the reconciler to be idle and returns the last run.
 func waitRun(t testing.TB, r *running, id int64) reconcile.RunInfo {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for time.Now().Before(deadline) {
+	var last reconcile.RunInfo
+	if !wait.Until(3*time.Minute, 50*time.Millisecond, func() bool {
 		st := r.d.ReconcileStatus()
 		if st.Current == nil && st.Last != nil && (id == 0 || st.Last.ID == id) {
-			return *st.Last
+			last = *st.Last
+			return true
 		}
-		time.Sleep(50 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("reconciliation %d did not finish", id)
 	}
-	t.Fatalf("reconciliation %d did not finish", id)
-	return reconcile.RunInfo{}
+	return last
 }
 
 // startRun starts an on-demand run once the reconciler is idle (the
 // backfill of a new daemon runs first).
 func startRun(t testing.TB, r *running, req reconcile.Request) reconcile.RunInfo {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		run, err := r.d.rec.Start(context.Background(), req)
-		if err == nil {
-			return run
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("start reconciliation: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var run reconcile.RunInfo
+	var err error
+	if !wait.Until(3*time.Minute, 50*time.Millisecond, func() bool {
+		run, err = r.d.rec.Start(context.Background(), req)
+		return err == nil
+	}) {
+		t.Fatalf("start reconciliation: %v", err)
 	}
+	return run
 }
 
 func (e *env) count(t testing.TB, post int64) (cached, truth int64) {

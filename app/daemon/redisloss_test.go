@@ -18,11 +18,11 @@ import (
 // loss is detected and the chain replayed from W.
 func TestBufferKeyDeletedUnderLoad(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 400, func(e *env) {
+	underDisruption(t, 4, 400, func(e *env, w *workload) {
 		rdb := e.rdb()
 		keys := buffer.KeysFor(e.cfg.Slot)
 		for i := 0; i < 4; i++ {
-			time.Sleep(250 * time.Millisecond)
+			w.waitOps(t, 120)
 			if err := rdb.Del(context.Background(), keys.Buffer).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -75,7 +75,7 @@ func TestFlushingKeyDeletedWhileFlushBlocked(t *testing.T) {
 // walcount key it evicts is a loss the chain must detect.
 func TestEvictingRedisUnderLoad(t *testing.T) {
 	t.Parallel()
-	underDisruption(t, 4, 400, func(e *env) {
+	underDisruption(t, 4, 400, func(e *env, _ *workload) {
 		ctx := context.Background()
 		rdb := e.rdb()
 		for _, kv := range [][2]string{{"maxmemory", "4mb"}, {"maxmemory-policy", "allkeys-random"}} {

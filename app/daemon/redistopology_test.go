@@ -19,6 +19,7 @@ import (
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // failoverWithin bounds each wait of the failover tests: the servers'
@@ -239,11 +240,7 @@ func failoverUnderLoad(t *testing.T, e *env, f redisFailover) {
 		readyErr             = make(chan error, 1)
 		deadline             = killedAt.Add(failoverWithin)
 	)
-	for streamAgain == 0 || flushed == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: after %s: streaming again after %s, flushed past the mark after %s (checkpoint %s, %v)",
-				topology, failoverWithin, streamAgain, flushed, lastCheckpoint, checkpointErr)
-		}
+	if !wait.Until(time.Until(deadline), 10*time.Millisecond, func() bool {
 		if gaugeValue(m.Streaming) == 0 && !sawDown {
 			sawDown = true
 			// /readyz during the outage, once, beside the watch.
@@ -264,7 +261,10 @@ func failoverUnderLoad(t *testing.T, e *env, f redisFailover) {
 				flushed = time.Since(killedAt)
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
+		return streamAgain != 0 && flushed != 0
+	}) {
+		t.Fatalf("%s: after %s: streaming again after %s, flushed past the mark after %s (checkpoint %s, %v)",
+			topology, failoverWithin, streamAgain, flushed, lastCheckpoint, checkpointErr)
 	}
 	t.Logf("%s failover: walcount streams again %s after the master's death and has flushed past a mark emitted after it %s after",
 		topology, streamAgain.Round(time.Millisecond), flushed.Round(time.Millisecond))
@@ -319,17 +319,14 @@ func failoverUnderLoad(t *testing.T, e *env, f redisFailover) {
 // waitCheckpointPast waits until walcount's checkpoint passes lsn.
 func waitCheckpointPast(t *testing.T, e *env, lsn cdc.LSN, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var w cdc.LSN
+	var err error
+	if !wait.Until(within, 20*time.Millisecond, func() bool {
 		qctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		w, err := e.checkpoint(qctx)
+		w, err = e.checkpoint(qctx)
 		cancel()
-		if err == nil && w > lsn {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the checkpoint did not pass %s within %s (at %s, %v)", lsn, within, w, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil && w > lsn
+	}) {
+		t.Fatalf("the checkpoint did not pass %s within %s (at %s, %v)", lsn, within, w, err)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -133,14 +132,7 @@ func (d *Daemon) bindRelations(ctx context.Context) (aggregator.Relations, map[s
 // or left the publication: the next session binds it anew and says what it
 // found.
 func (d *Daemon) watchRelations(ctx context.Context, at map[string]relation) error {
-	t := time.NewTicker(d.cfg.SlotSettings.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	return everyTick(ctx, d.cfg.SlotSettings.PollInterval, func() error {
 		rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 		now, err := d.readRelations(rctx)
 		cancel()
@@ -148,7 +140,7 @@ func (d *Daemon) watchRelations(ctx context.Context, at map[string]relation) err
 			if ctx.Err() == nil {
 				d.log.Debug("cannot read the counters' tables", zap.Error(err))
 			}
-			continue
+			return nil
 		}
 		for name, r := range now {
 			// A rename away is followed by identity within the session
@@ -160,5 +152,6 @@ func (d *Daemon) watchRelations(ctx context.Context, at map[string]relation) err
 					errRelationsChanged, name, r.oid, r.published, at[name].oid, at[name].published)
 			}
 		}
-	}
+		return nil
+	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
@@ -18,18 +19,15 @@ import (
 // everything committed, so that the counters must be exact.
 func (e *env) waitClean(t testing.TB, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var marks []state.Dirty
+	var err error
+	if !wait.Until(within, 100*time.Millisecond, func() bool {
 		var repaired int
 		_ = e.db.QueryRow(context.Background(), `SELECT count(*) FROM walcount.reconcile_runs WHERE kind = 'dirty' AND status = 'done'`).Scan(&repaired)
-		marks, err := state.ListDirty(context.Background(), e.db, e.cfg.Slot)
-		if err == nil && len(marks) == 0 && repaired > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dirty marks left after %s: %+v (%v)", within, marks, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		marks, err = state.ListDirty(context.Background(), e.db, e.cfg.Slot)
+		return err == nil && len(marks) == 0 && repaired > 0
+	}) {
+		t.Fatalf("dirty marks left after %s: %+v (%v)", within, marks, err)
 	}
 	e.waitCaughtUp(catchUp)
 }
@@ -47,7 +45,7 @@ func TestReplicaIdentityLostAndRestored(t *testing.T) {
 	w := newWorkload(e.db)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(ctx, 3, 300) })
-	time.Sleep(200 * time.Millisecond)
+	w.waitCommitted(t, 50)
 	e.exec("ALTER TABLE likes REPLICA IDENTITY DEFAULT")
 	for i := 0; i < 20; i++ {
 		e.exec("DELETE FROM likes WHERE id = (SELECT min(id) FROM likes)")

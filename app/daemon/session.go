@@ -62,6 +62,35 @@ type liveSession struct {
 	closed  bool
 }
 
+// checkSessionState refuses a session on a state schema of another
+// version (it would be read or written wrongly), on a column another slot
+// keeps (it would be counted twice) and on a target row that row-level
+// security hides from the flush (it would look deleted, and its deltas
+// would be dropped; a source's policies do not matter to the stream, only
+// to reconciliation). rowSecurityOff says that no policy applies to
+// walcount's role on any target: the flush then runs with row_security
+// off, so that a policy enabled later fails a flush instead of hiding rows.
+func (d *Daemon) checkSessionState(ctx context.Context) (rowSecurityOff bool, err error) {
+	if err := state.CheckVersion(ctx, d.pool); err != nil {
+		return false, err
+	}
+	if err := state.CheckOwnership(ctx, d.pool, d.cfg.Slot, d.cfg.Counters); err != nil {
+		return false, err
+	}
+	rowSecurityOff = true
+	for _, c := range d.cfg.Counters {
+		if err := counter.CheckTargetView(ctx, d.pool, c); err != nil {
+			return false, err
+		}
+		none, err := counter.NoRowSecurity(ctx, d.pool, c)
+		if err != nil {
+			return false, err
+		}
+		rowSecurityOff = rowSecurityOff && none
+	}
+	return rowSecurityOff, nil
+}
+
 // openSession checks the state schema, reads W, takes the slot (it fails
 // with cdc.ErrSlotInUse while another walcount holds it) and makes Redis
 // continue W (docs/design.md §4). Nothing is consumed yet.
@@ -78,27 +107,9 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 			pre.Close() // the session did not take it over
 		}
 	}()
-	// A schema of another version would be read or written wrongly, and
-	// a column another slot keeps would be counted twice.
-	if err := state.CheckVersion(ctx, d.pool); err != nil {
+	rowSecurityOff, err := d.checkSessionState(ctx)
+	if err != nil {
 		return nil, err
-	}
-	if err := state.CheckOwnership(ctx, d.pool, d.cfg.Slot, d.cfg.Counters); err != nil {
-		return nil, err
-	}
-	// A target row that row-level security hides from the flush would
-	// look deleted, and its deltas would be dropped. (A source's policies
-	// do not matter to the stream, only to reconciliation.)
-	rowSecurityOff := true
-	for _, c := range d.cfg.Counters {
-		if err := counter.CheckTargetView(ctx, d.pool, c); err != nil {
-			return nil, err
-		}
-		none, err := counter.NoRowSecurity(ctx, d.pool, c)
-		if err != nil {
-			return nil, err
-		}
-		rowSecurityOff = rowSecurityOff && none
 	}
 	flusher, err := sink.NewFlusher(ctx, sink.Options{
 		Pool:       d.pool,
@@ -458,18 +469,11 @@ func sameSystem(a, b string) bool {
 // for a heartbeat interval, so W and the slot move while the sources are
 // idle and other tables fill the WAL (design rule 8).
 func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
-	t := time.NewTicker(d.cfg.HeartbeatInterval)
-	defer t.Stop()
 	last := s.ReceivedLSN()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = everyTick(ctx, d.cfg.HeartbeatInterval, func() error {
 		if cur := s.ReceivedLSN(); cur != last {
 			last = cur
-			continue
+			return nil
 		}
 		content := fmt.Sprintf(`{"heartbeat":%q,"slot":%q}`, time.Now().UTC().Format(time.RFC3339Nano), d.cfg.Slot)
 		if _, err := cdc.EmitMessage(ctx, d.pool, content); err != nil && ctx.Err() == nil {
@@ -477,7 +481,8 @@ func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 			// heartbeat only delays W.
 			d.log.Warn("heartbeat failed", zap.Error(err))
 		}
-	}
+		return nil
+	})
 }
 
 // stampBuffer marks the Redis chain as this deployment's every
@@ -486,18 +491,12 @@ func (d *Daemon) heartbeat(ctx context.Context, s *cdc.Stream) {
 // buffer.CheckOwner). A failed stamp is retried at the next tick; a chain
 // that is no longer this system's is the next Redis write's business.
 func (d *Daemon) stampBuffer(ctx context.Context, sys string) {
-	t := time.NewTicker(buffer.AliveInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = everyTick(ctx, buffer.AliveInterval, func() error {
 		rctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 		_, _ = d.buf.MarkAlive(rctx, sys, time.Now())
 		cancel()
-	}
+		return nil
+	})
 }
 
 // streamObserver exports the stream's progress.

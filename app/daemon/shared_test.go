@@ -44,6 +44,8 @@ func TestBufferTakenByAnotherDeploymentStops(t *testing.T) {
 	go func() {
 		for stamp.Err() == nil {
 			_, _ = other.MarkAlive(stamp, theirs, time.Now())
+			// The other deployment's own pace of stamps (a live
+			// system stamps every buffer.AliveInterval), not a wait.
 			time.Sleep(200 * time.Millisecond)
 		}
 	}()

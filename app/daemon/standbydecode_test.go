@@ -98,7 +98,7 @@ func TestDecodeOnStandby(t *testing.T) {
 	if err := standby.Stop(ctx, servers.StopFast); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // the app goes on writing to the primary
+	w.waitCommitted(t, 30) // the app goes on writing to the primary
 	if err := standby.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,11 @@ func TestDecodeOnStandby(t *testing.T) {
 	if _, err := sb.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond) // the standby applies what it has; walcount flushes it on the primary
+	// The standby applies what it has and walcount flushes it on the
+	// primary, flushes the standby will never have. Neither end is an
+	// event walcount or the servers report (a flush may or may not
+	// follow the last record applied), so the test gives it time.
+	time.Sleep(1500 * time.Millisecond)
 	if err := e.pg.Stop(ctx, servers.StopImmediate); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +134,7 @@ func TestDecodeOnStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStreamingSince(t, d, promoted)
-	time.Sleep(time.Second) // writes to the new primary
+	w.waitCommitted(t, 50) // writes to the new primary
 	stopLoad()
 	w.report(t)
 	e.waitCaughtUp(2 * time.Minute)
@@ -247,7 +251,9 @@ func TestStandbySlotFollowsNewPrimary(t *testing.T) {
 	defer stopLoad()
 	waitStreamingSince(t, d, time.Now().Add(-time.Hour))
 	e.waitCaughtUp(catchUp)
-	time.Sleep(time.Second) // flushes into P under load
+	// Flushes into P under load.
+	w.waitCommitted(t, 50)
+	waitFlushes(t, d, 2)
 
 	// P fails over to S2: a clean stop (its walsenders send both
 	// standbys everything first), S2 promoted, a physical slot for S1 on
@@ -281,7 +287,9 @@ func TestStandbySlotFollowsNewPrimary(t *testing.T) {
 		err := sb2.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE application_name = 's1' AND state = 'streaming'").Scan(&n)
 		return err == nil && n == 1
 	})
-	time.Sleep(2 * time.Second) // the app writes to S2; walcount decodes it on S1 and flushes it into S2
+	// The app writes to S2; walcount decodes it on S1 and flushes it into S2.
+	w.waitCommitted(t, 50)
+	waitFlushes(t, d, 2)
 	stopLoad()
 	w.report(t)
 	if w.ok.Load() == okAtFailover {
@@ -343,13 +351,15 @@ func TestStandbyHoldingSlotLost(t *testing.T) {
 	w := newWorkload(e.db)
 	stopLoad := w.background(2, 20)
 	defer stopLoad()
-	time.Sleep(time.Second)
+	w.waitCommitted(t, 50)
 	lost := time.Now()
 	if err := s1.Close(); err != nil { // stopped at once and its data gone
 		t.Fatal(err)
 	}
 	waitStreamingSince(t, d, lost)
-	time.Sleep(time.Second) // the load goes on, decoded on S2 now
+	// The load goes on, decoded on S2 now.
+	w.waitCommitted(t, 50)
+	waitFlushes(t, d, 2)
 	stopLoad()
 	w.report(t)
 	e.waitCaughtUp(2 * time.Minute)

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/walcount/walcount/state"
 )
@@ -74,7 +73,9 @@ func TestTargetTruncatedAndRefilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.exec("INSERT INTO likes (post_id) SELECT 5 FROM generate_series(1, 10)")
-		time.Sleep(3 * e.cfg.FlushInterval)
+		waitFor(t, "a flush carrying post 5, held by the app", func() bool {
+			return gaugeValue(r.d.m.FlushKeysDeferred) >= 1
+		})
 		refilled := make(chan struct{})
 		go func() {
 			defer close(refilled)
@@ -89,7 +90,11 @@ func TestTargetTruncatedAndRefilled(t *testing.T) {
 				"INSERT INTO likes (post_id) SELECT 1 + g % 50 FROM generate_series(1, 200) g",
 			)
 		}()
-		time.Sleep(3 * e.cfg.FlushInterval)
+		waitFor(t, "the refill's TRUNCATE waiting on the app's lock", func() bool {
+			var n int
+			err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'TRUNCATE posts%'").Scan(&n)
+			return err == nil && n > 0
+		})
 		if err := holder.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}

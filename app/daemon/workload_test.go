@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // workload drives every kind of like traffic a Rails app produces, from
@@ -25,9 +26,51 @@ type workload struct {
 	db      *pgxpool.Pool
 	posts   int
 	ok, bad atomic.Int64
+	// ended is set once a finite run of the workload returned
+	// (underDisruption's): waitOps has no more operations to wait for.
+	ended atomic.Bool
 }
 
 func newWorkload(db *pgxpool.Pool) *workload { return &workload{db: db, posts: 50} }
+
+// waitCommitted waits, a minute at most, until the workload has committed
+// n more operations than when it was called: the load has gone on
+// through whatever the test does meanwhile.
+func (w *workload) waitCommitted(t testing.TB, n int64) {
+	t.Helper()
+	from := w.ok.Load()
+	wait.For(t, time.Minute, fmt.Sprintf("%d more operations of the workload committed", n), func() bool {
+		return w.ok.Load() >= from+n
+	})
+}
+
+// waitOps is waitCommitted counting failed operations too (under a
+// disruption that fails them, the load goes on all the same), and ending
+// early when the workload has ended.
+func (w *workload) waitOps(t testing.TB, n int64) {
+	t.Helper()
+	from := w.ok.Load() + w.bad.Load()
+	wait.For(t, time.Minute, fmt.Sprintf("%d more operations of the workload", n), func() bool {
+		return w.ok.Load()+w.bad.Load() >= from+n || w.ended.Load()
+	})
+}
+
+// waitFlushes waits, a minute at most, until d has committed n more
+// flushes than when it was called.
+func waitFlushes(t testing.TB, d *running, n int64) {
+	t.Helper()
+	from := counterValue(d.d.m.Flushes)
+	wait.For(t, time.Minute, fmt.Sprintf("%d more flushes", n), func() bool {
+		return counterValue(d.d.m.Flushes) >= from+n
+	})
+}
+
+// waitSessionDown waits until d has noticed a disruption: its session
+// ended and it does not stream.
+func waitSessionDown(t testing.TB, d *running) {
+	t.Helper()
+	wait.For(t, time.Minute, "walcount's session to end", func() bool { return !d.d.streaming() })
+}
 
 // run starts clients that each perform ops operations; it returns when
 // all are done.

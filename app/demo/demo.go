@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/app/config"
@@ -130,47 +131,16 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	// Cleanup runs after ctx is cancelled: it must not depend on it.
 	bg := context.WithoutCancel(ctx)
 
-	dbURL, redisURL := opt.DatabaseURL, opt.RedisURL
-	if dbURL == "" || redisURL == "" {
-		if opt.Servers == nil || dbURL != "" || redisURL != "" {
-			return res, errNoServers
-		}
-		fmt.Fprintln(out, "starting a throwaway PostgreSQL (wal_level=logical) and redis-server from the local binaries…")
-		var stop func()
-		dbURL, redisURL, stop, err = opt.Servers(bg, PostgresSettings)
-		if err != nil {
-			return res, err
-		}
-		defer stop()
-	}
-	fmt.Fprintf(out, "postgres %s, redis %s\n", redact.URL(dbURL), redact.URL(redisURL))
-
-	db, err := pgxpool.New(bg, dbURL)
+	sv, err := openServers(bg, opt)
 	if err != nil {
-		return res, fmt.Errorf("connect to postgres: %w", redactedErr{err})
-	}
-	defer db.Close()
-	ropt, err := redisconn.Parse(redisURL, redisconn.TLSOptions{})
-	if err != nil {
-		return res, fmt.Errorf("parse redis url: %w", redactedErr{err})
-	}
-	rdb := redisconn.New(ropt, opt.Logger)
-	defer rdb.Close()
-
-	// Start from nothing: an earlier demo that was killed may have left
-	// its slot, which would replay old changes into the new tables.
-	if err := dropAll(bg, db, rdb); err != nil {
 		return res, err
 	}
-	if opt.DatabaseURL != "" || opt.RedisURL != "" {
-		defer func() {
-			cctx, cancel := context.WithTimeout(bg, cleanupTimeout)
-			defer cancel()
-			if cerr := dropAll(cctx, db, rdb); cerr != nil && err == nil {
-				err = cerr
-			}
-		}()
-	}
+	defer func() {
+		if cerr := sv.close(bg); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	dbURL, redisURL, db := sv.dbURL, sv.redisURL, sv.db
 	if err := createSchema(bg, db, opt.Posts); err != nil {
 		return res, err
 	}
@@ -232,6 +202,81 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	}
 	printVerdict(out, res)
 	return res, nil
+}
+
+// demoServers are the demo's PostgreSQL and Redis, connected and emptied of
+// an earlier demo's tables, slot and keys.
+type demoServers struct {
+	dbURL, redisURL string
+	db              *pgxpool.Pool
+	rdb             redis.UniversalClient
+	// given: the URLs are the user's, so close drops what the demo made.
+	given bool
+	stop  func() // the throwaway servers', or nil
+}
+
+// openServers connects to the servers of opt's URLs, or starts throwaway
+// ones (opt.Servers) when none is given, and drops whatever an earlier
+// demo left.
+func openServers(bg context.Context, opt Options) (_ *demoServers, err error) {
+	sv := &demoServers{dbURL: opt.DatabaseURL, redisURL: opt.RedisURL, given: opt.DatabaseURL != "" || opt.RedisURL != ""}
+	defer func() {
+		if err != nil {
+			sv.closeConns()
+		}
+	}()
+	if sv.dbURL == "" || sv.redisURL == "" {
+		if opt.Servers == nil || sv.given {
+			return nil, errNoServers
+		}
+		fmt.Fprintln(opt.Out, "starting a throwaway PostgreSQL (wal_level=logical) and redis-server from the local binaries…")
+		if sv.dbURL, sv.redisURL, sv.stop, err = opt.Servers(bg, PostgresSettings); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(opt.Out, "postgres %s, redis %s\n", redact.URL(sv.dbURL), redact.URL(sv.redisURL))
+
+	if sv.db, err = pgxpool.New(bg, sv.dbURL); err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", redactedErr{err})
+	}
+	ropt, err := redisconn.Parse(sv.redisURL, redisconn.TLSOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("parse redis url: %w", redactedErr{err})
+	}
+	sv.rdb = redisconn.New(ropt, opt.Logger)
+
+	// Start from nothing: an earlier demo that was killed may have left
+	// its slot, which would replay old changes into the new tables.
+	if err := dropAll(bg, sv.db, sv.rdb); err != nil {
+		return nil, err
+	}
+	return sv, nil
+}
+
+// close drops what the demo made on servers the user gave, then closes
+// the connections and stops throwaway servers.
+func (sv *demoServers) close(bg context.Context) error {
+	var err error
+	if sv.given {
+		cctx, cancel := context.WithTimeout(bg, cleanupTimeout)
+		err = dropAll(cctx, sv.db, sv.rdb)
+		cancel()
+	}
+	sv.closeConns()
+	return err
+}
+
+// closeConns closes what openServers opened, last first.
+func (sv *demoServers) closeConns() {
+	if sv.rdb != nil {
+		sv.rdb.Close()
+	}
+	if sv.db != nil {
+		sv.db.Close()
+	}
+	if sv.stop != nil {
+		sv.stop()
+	}
 }
 
 func withDefaults(opt Options) Options {

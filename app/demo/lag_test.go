@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 func TestLagRecorder(t *testing.T) {
@@ -19,7 +21,8 @@ func TestLagRecorder(t *testing.T) {
 		r.Observe(float64(i) / 100) // 0.01 .. 1.00
 	}
 	mid := time.Now()
-	time.Sleep(time.Millisecond)
+	// The next observation's time must be after mid.
+	wait.For(t, time.Second, "the clock past mid", func() bool { return time.Now().After(mid) })
 	r.Observe(1.05)
 	if p50, p99 := r.quantiles(time.Time{}); p50 != 0.51 || p99 != 1.0 {
 		t.Errorf("quantiles of all = %v, %v; want 0.51, 1", p50, p99)

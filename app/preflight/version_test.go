@@ -11,6 +11,7 @@ import (
 	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/internal/pgversion"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // TestVersionDependentChecks runs the checks whose SQL depends on the
@@ -52,10 +53,13 @@ func TestVersionDependentChecks(t *testing.T) {
 	f.exec(t, "ALTER SYSTEM SET idle_replication_slot_timeout = '1h'")
 	f.exec(t, "SELECT pg_reload_conf()")
 	var got string
-	for deadline := time.Now().Add(30 * time.Second); got != "1h"; time.Sleep(20 * time.Millisecond) {
-		if err := f.conn.QueryRow(ctx, "SHOW idle_replication_slot_timeout").Scan(&got); err != nil || time.Now().After(deadline) {
+	if !wait.Until(30*time.Second, 20*time.Millisecond, func() bool {
+		if err = f.conn.QueryRow(ctx, "SHOW idle_replication_slot_timeout").Scan(&got); err != nil {
 			t.Fatalf("idle_replication_slot_timeout = %q, %v; want 1h after the reload", got, err)
 		}
+		return got == "1h"
+	}) {
+		t.Fatalf("idle_replication_slot_timeout = %q, %v; want 1h after the reload", got, err)
 	}
 	findings = run(t, f.cfg)
 	w := want(t, findings, preflight.CheckIdleSlotTimeout, preflight.Warning, "idle_replication_slot_timeout is 1h0m0s")

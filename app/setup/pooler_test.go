@@ -18,6 +18,7 @@ import (
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // pgbouncer starts a PgBouncer of the test's own in transaction mode in
@@ -117,8 +118,8 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d2.Run(runCtx) }()
 	// The churn goes on while the second daemon starts and streams.
-	for until := rounds.Load() + 30; rounds.Load() < until; time.Sleep(10 * time.Millisecond) {
-	}
+	until := rounds.Load() + 30
+	wait.For(t, 2*time.Minute, "30 more rounds of churn", func() bool { return rounds.Load() >= until })
 	stopChurn()
 	churn.Wait()
 	waitExact(t, f.conn)

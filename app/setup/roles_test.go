@@ -20,6 +20,7 @@ import (
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // psqlPath finds psql: next to the server binaries the tests run, else in
@@ -381,11 +382,11 @@ func TestSetupNeedsTheOwner(t *testing.T) {
 func waitExact(t *testing.T, conn *pgx.Conn) {
 	t.Helper()
 	var off string
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	if wait.Until(2*time.Minute, 100*time.Millisecond, func() bool {
 		off = query(t, conn, `SELECT count(*)::text FROM posts p WHERE likes_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id)`)
-		if off == "0" {
-			return
-		}
+		return off == "0"
+	}) {
+		return
 	}
 	t.Fatalf("%s posts still off after 2 minutes", off)
 }

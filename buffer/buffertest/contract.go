@@ -2,6 +2,9 @@
 // buffer must keep: the chain rules of package buffer, run against a real
 // server of each topology (a single node, a Cluster, a Sentinel-watched
 // primary). Tests of those topologies call Run with a client factory.
+//
+// The package is walcount's own code, not a stable API: it is importable
+// only because Go makes every package outside internal/ so.
 package buffertest
 
 import (

@@ -21,6 +21,7 @@ import (
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
@@ -79,13 +80,11 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;`); err != nil {
 
 	// Let the daemon's automatic backfill of the new counter finish
 	// before drift is injected, or the backfill corrects it first.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if st := d.ReconcileStatus(); st.Current == nil && st.Last != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("backfill did not finish")
-		}
+	if !wait.Until(time.Minute, 50*time.Millisecond, func() bool {
+		st := d.ReconcileStatus()
+		return st.Current == nil && st.Last != nil
+	}) {
+		t.Fatal("backfill did not finish")
 	}
 	if _, err := conn.Exec(ctx, `INSERT INTO likes (post_id) SELECT 1 + g % 30 FROM generate_series(1, 300) g`); err != nil {
 		t.Fatal(err)
@@ -111,15 +110,13 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;`); err != nil {
 		t.Fatalf("reconcile output:\n%s", out.String())
 	}
 	var off int
-	waitUntil := time.Now().Add(30 * time.Second)
-	for time.Now().Before(waitUntil) {
+	if wait.Until(30*time.Second, 50*time.Millisecond, func() bool {
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM posts p WHERE likes_count <> (SELECT count(*) FROM likes WHERE post_id = p.id)`).Scan(&off); err != nil {
 			t.Fatal(err)
 		}
-		if off == 0 {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+		return off == 0
+	}) {
+		return
 	}
 	t.Fatalf("%d posts still off after the reconciliation", off)
 }

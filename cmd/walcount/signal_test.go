@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // TestRunStopsCleanlyOnSIGTERM runs the real binary: after SIGTERM it
@@ -66,13 +67,13 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
 		t.Fatal(err)
 	}
 	var total int64
-	for deadline := time.Now().Add(time.Minute); total != 500; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("counts never reached 500 (at %d); logs:\n%s", total, logs.String())
-		}
+	if !wait.Until(time.Minute, 50*time.Millisecond, func() bool {
 		if err := conn.QueryRow(ctx, `SELECT sum(likes_count) FROM posts`).Scan(&total); err != nil {
 			t.Fatal(err)
 		}
+		return total == 500
+	}) {
+		t.Fatalf("counts never reached 500 (at %d); logs:\n%s", total, logs.String())
 	}
 	// Likes right before the signal are flushed by the shutdown.
 	if _, err := conn.Exec(ctx, `INSERT INTO likes (post_id) VALUES (1), (2), (3)`); err != nil {
@@ -85,19 +86,19 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := pglogrepl.ParseLSN(end)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+	if !wait.Until(time.Minute, 20*time.Millisecond, func() bool {
 		raw, err := fetchDaemonStatus(ctx, addr)
 		var st struct {
 			Received string `json:"received_lsn"`
 		}
 		if err == nil && json.Unmarshal(raw, &st) == nil {
 			if got, err := pglogrepl.ParseLSN(st.Received); err == nil && got >= want {
-				break
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the daemon never received the last likes; logs:\n%s", logs.String())
-		}
+		return false
+	}) {
+		t.Fatalf("the daemon never received the last likes; logs:\n%s", logs.String())
 	}
 	// cpu_scheduling defaults to batch.
 	checkBatchThreads(t, run.Process.Pid)

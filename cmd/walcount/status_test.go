@@ -22,6 +22,7 @@ import (
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
@@ -376,16 +377,13 @@ func says(out, want string) bool {
 
 func poll(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last: %s", within, what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var last string
+	if !wait.Until(within, 100*time.Millisecond, func() bool {
+		var ok bool
+		ok, last = cond()
+		return ok
+	}) {
+		t.Fatalf("timed out after %s waiting for %s; last: %s", within, what, last)
 	}
 }
 

@@ -248,139 +248,15 @@ type Metrics struct {
 // The slot's safe WAL size starts at -1 (unknown) rather than 0, so that an
 // alert on a small safe size does not fire before the first slot read.
 func New() *Metrics {
-	m := &Metrics{
-		reg: prometheus.NewRegistry(),
-
-		SlotLagBytes: gauge("slot_lag_bytes",
-			"Bytes of WAL written by the server but not yet confirmed by walcount (pg_current_wal_lsn() - confirmed_flush_lsn)."),
-		SlotRetainedWALBytes: gauge("slot_retained_wal_bytes",
-			"Bytes of WAL the replication slot keeps on the server (pg_current_wal_lsn() - restart_lsn)."),
-		SlotSafeWALSizeBytes: gauge("slot_safe_wal_size_bytes",
-			"Bytes of WAL that can still be written before the slot risks losing WAL (pg_replication_slots.safe_wal_size); -1 when unlimited or unknown."),
-		SlotActive: gauge("slot_active",
-			"1 while a replication connection is using the slot, else 0."),
-		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "slot_wal_status",
-			Help: "1 for the slot's current pg_replication_slots.wal_status (reserved, extended, unreserved, lost), 0 for the others.",
-		}, []string{LabelStatus}),
-		SlotInvalidated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "slot_invalidated",
-			Help: "1 once the replication slot is invalidated, labelled with the cause (pg_replication_slots.invalidation_reason: wal_removed, idle_timeout, rows_removed, wal_level_insufficient; unknown when the server does not say).",
-		}, []string{LabelReason}),
-		SlotSpillBytes: mirroredCounter("slot_spill_bytes_total",
-			"Bytes of decoded transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_bytes, cumulative on the server)."),
-		SlotSpillTxns: mirroredCounter("slot_spill_txns_total",
-			"Transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_txns, cumulative on the server)."),
-		SlotStreamBytes: mirroredCounter("slot_stream_bytes_total",
-			"Bytes of in-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_bytes, cumulative on the server)."),
-		SlotStreamTxns: mirroredCounter("slot_stream_txns_total",
-			"In-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_txns, cumulative on the server)."),
-		SlotReadErrors: counter("slot_read_errors_total",
-			"Failed reads of the replication slot's status."),
-
-		CheckpointLSN: gauge("checkpoint_lsn",
-			"LSN stored in walcount.checkpoint (W): every source transaction up to it is in the counter columns."),
-		ReceivedLSN: gauge("received_lsn",
-			"End LSN of the last transaction received from the replication stream."),
-		CheckpointAgeSeconds: gauge("checkpoint_age_seconds",
-			"Seconds since the checkpoint LSN last moved."),
-		StandbyWaitSeconds: gauge("standby_wait_seconds",
-			"Seconds the walsender has been holding walcount's changes back until a standby named in synchronized_standby_slots confirms them (PostgreSQL 17+, wait event WaitForStandbyConfirmation); 0 while it does not."),
-		AckHeldBytes: gauge("ack_held_bytes",
-			"Bytes of WAL by which the position confirmed to the slot trails the checkpoint, held back until the standbys in synchronized_standby_slots have the flush that wrote it."),
-
-		Transactions: counter("transactions_total",
-			"Committed source transactions received from the replication stream."),
-		Changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "changes_total",
-			Help: "Row changes that matched a counter, by counter and operation (insert, update, delete, truncate).",
-		}, []string{LabelCounter, LabelOp}),
-		QueueBlockedSeconds: counter("queue_blocked_seconds_total",
-			"Seconds the replication reader spent blocked on a full queue to the aggregator (backpressure)."),
-		QueueDepth: gauge("queue_depth",
-			"Batches of decoded changes waiting in the queue between the replication reader and the aggregator."),
-		QueueBytes: gauge("queue_bytes",
-			"Bytes of decoded changes held in the queue between the replication reader and the aggregator (bounded by bytes: backpressure starts at the bound)."),
-		WaitingForSlot: gauge("waiting_for_slot",
-			"1 while this walcount waits as a standby for the replication slot another walcount holds, else 0."),
-		SessionFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "session_failures_total",
-			Help: "Replication sessions that failed and are retried, whatever failed (PostgreSQL, Redis, the replication connection), by stage: start (connecting, taking the slot, recovering the Redis buffer) or streaming (reading the slot, writing deltas to Redis, flushing them).",
-		}, []string{LabelStage}),
-		StreamTimeouts: counter("stream_timeouts_total",
-			"Replication streams abandoned because nothing, not even a keepalive, arrived within stream_timeout (a stopped walsender, a half-open connection); each is also a session failure."),
-
-		Flushes: counter("flushes_total",
-			"Flushes committed to PostgreSQL."),
-		FlushErrors: counter("flush_errors_total",
-			"Flushes that failed and will be retried."),
-		FlushPieces: counter("flush_pieces_total",
-			"Transactions that applied carried deltas in bounded pieces (a big batch, or what a stopped session left carried)."),
-		FlushDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "flush_duration_seconds",
-			Help:    "Duration of one flush, from taking over the Redis buffer to the PostgreSQL commit.",
-			Buckets: FlushDurationBuckets,
-		}),
-		DeltasFlushed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "deltas_flushed_total",
-			Help: "Non-zero deltas applied to counter columns, by counter.",
-		}, []string{LabelCounter}),
-		ExtremumRecomputes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "extremum_recomputes_total",
-			Help: "Max and min columns set again from their source rows by the flushes (one index probe each), by counter.",
-		}, []string{LabelCounter}),
-		DeltasDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "deltas_dropped_total",
-			Help: "Deltas dropped because their target row does not exist, by counter.",
-		}, []string{LabelCounter}),
-		TargetRowsCreated: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "target_rows_created_total",
-			Help: "Target rows created by the flushes of create_missing counters, by counter.",
-		}, []string{LabelCounter}),
-		BufferKeys: gauge("buffer_keys",
-			"Keys waiting in the Redis buffer or carried by the flushes to the next one."),
-		FlushKeysDeferred: gauge("flush_keys_deferred",
-			"Keys the last flush carried to the next because another transaction held their target row locked."),
-		FlushOldestDeferredSeconds: gauge("flush_oldest_deferred_seconds",
-			"How long the key carried the longest (its target row locked) has been carried; 0 when none is."),
-		KeysParked: gauge("keys_parked",
-			"Keys whose update failed on their target row's data (a trigger, a CHECK constraint); retried on a slow schedule."),
-		ApplyLag: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "apply_lag_seconds",
-			Help:    "Time from a source transaction's commit to the commit of the flush that applied its deltas.",
-			Buckets: ApplyLagBuckets,
-		}),
-
-		ForgedMessages: counter("forged_messages_total",
-			"Messages in walcount's form that did not come from walcount's table of messages (another role emitted them with pg_logical_emit_message); they were ignored."),
-
-		CounterDirty: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "dirty",
-			Help: "1 while a counter (or some of its keys) is dirty: part of its history was not seen, and walcount repairs it by reconciliation; 0 otherwise.",
-		}, []string{LabelCounter}),
-		ReconcileCorrections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "reconcile_corrections_total",
-			Help: "Corrections applied by reconciliation, by counter.",
-		}, []string{LabelCounter}),
-		ReconcileKeysChecked: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "reconcile_keys_checked_total",
-			Help: "Keys measured by reconciliation, by counter.",
-		}, []string{LabelCounter}),
-		ViaRowsCollected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "via_rows_collected_total",
-			Help: "Rows of a via table deleted because they hold nothing any more (their parent was deleted and no source row references it), by counter through a parent.",
-		}, []string{LabelCounter}),
-
-		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "build_info",
-			Help: "Always 1, labelled with the walcount version, the VCS revision it was built from, whether that tree was modified (true, false or unknown) and the Go version.",
-		}, []string{LabelVersion, LabelRevision, LabelModified, LabelGoVersion}),
-	}
-
-	m.Streaming = streamingGauge{
-		Gauge:   gauge("streaming", "1 while the replication stream is connected, else 0."),
-		waiting: m.WaitingForSlot,
-	}
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.newSlotMetrics()
+	m.newPositionMetrics()
+	m.newStreamMetrics()
+	m.newFlushMetrics()
+	m.newReconcileMetrics()
+	m.BuildInfo = gaugeVec("build_info",
+		"Always 1, labelled with the walcount version, the VCS revision it was built from, whether that tree was modified (true, false or unknown) and the Go version.",
+		LabelVersion, LabelRevision, LabelModified, LabelGoVersion)
 
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -411,6 +287,131 @@ func New() *Metrics {
 	}
 	m.SetBuildInfo(buildinfo.Get())
 	return m
+}
+
+// newSlotMetrics makes the slot's health metrics, which the slot monitor
+// sets from pg_replication_slots.
+func (m *Metrics) newSlotMetrics() {
+	m.SlotLagBytes = gauge("slot_lag_bytes",
+		"Bytes of WAL written by the server but not yet confirmed by walcount (pg_current_wal_lsn() - confirmed_flush_lsn).")
+	m.SlotRetainedWALBytes = gauge("slot_retained_wal_bytes",
+		"Bytes of WAL the replication slot keeps on the server (pg_current_wal_lsn() - restart_lsn).")
+	m.SlotSafeWALSizeBytes = gauge("slot_safe_wal_size_bytes",
+		"Bytes of WAL that can still be written before the slot risks losing WAL (pg_replication_slots.safe_wal_size); -1 when unlimited or unknown.")
+	m.SlotActive = gauge("slot_active",
+		"1 while a replication connection is using the slot, else 0.")
+	m.SlotWALStatus = gaugeVec("slot_wal_status",
+		"1 for the slot's current pg_replication_slots.wal_status (reserved, extended, unreserved, lost), 0 for the others.",
+		LabelStatus)
+	m.SlotInvalidated = gaugeVec("slot_invalidated",
+		"1 once the replication slot is invalidated, labelled with the cause (pg_replication_slots.invalidation_reason: wal_removed, idle_timeout, rows_removed, wal_level_insufficient; unknown when the server does not say).",
+		LabelReason)
+	m.SlotSpillBytes = mirroredCounter("slot_spill_bytes_total",
+		"Bytes of decoded transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_bytes, cumulative on the server).")
+	m.SlotSpillTxns = mirroredCounter("slot_spill_txns_total",
+		"Transactions spilled to disk by the slot's walsender (pg_stat_replication_slots.spill_txns, cumulative on the server).")
+	m.SlotStreamBytes = mirroredCounter("slot_stream_bytes_total",
+		"Bytes of in-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_bytes, cumulative on the server).")
+	m.SlotStreamTxns = mirroredCounter("slot_stream_txns_total",
+		"In-progress transactions streamed by the slot's walsender (pg_stat_replication_slots.stream_txns, cumulative on the server).")
+	m.SlotReadErrors = counter("slot_read_errors_total",
+		"Failed reads of the replication slot's status.")
+}
+
+// newPositionMetrics makes the metrics of the positions: W, the end of
+// the last transaction received, what the standbys hold back.
+func (m *Metrics) newPositionMetrics() {
+	m.CheckpointLSN = gauge("checkpoint_lsn",
+		"LSN stored in walcount.checkpoint (W): every source transaction up to it is in the counter columns.")
+	m.ReceivedLSN = gauge("received_lsn",
+		"End LSN of the last transaction received from the replication stream.")
+	m.CheckpointAgeSeconds = gauge("checkpoint_age_seconds",
+		"Seconds since the checkpoint LSN last moved.")
+	m.StandbyWaitSeconds = gauge("standby_wait_seconds",
+		"Seconds the walsender has been holding walcount's changes back until a standby named in synchronized_standby_slots confirms them (PostgreSQL 17+, wait event WaitForStandbyConfirmation); 0 while it does not.")
+	m.AckHeldBytes = gauge("ack_held_bytes",
+		"Bytes of WAL by which the position confirmed to the slot trails the checkpoint, held back until the standbys in synchronized_standby_slots have the flush that wrote it.")
+}
+
+// newStreamMetrics makes the metrics of the replication stream and of
+// the queue behind it.
+func (m *Metrics) newStreamMetrics() {
+	m.Transactions = counter("transactions_total",
+		"Committed source transactions received from the replication stream.")
+	m.Changes = counterVec("changes_total",
+		"Row changes that matched a counter, by counter and operation (insert, update, delete, truncate).",
+		LabelCounter, LabelOp)
+	m.QueueBlockedSeconds = counter("queue_blocked_seconds_total",
+		"Seconds the replication reader spent blocked on a full queue to the aggregator (backpressure).")
+	m.QueueDepth = gauge("queue_depth",
+		"Batches of decoded changes waiting in the queue between the replication reader and the aggregator.")
+	m.QueueBytes = gauge("queue_bytes",
+		"Bytes of decoded changes held in the queue between the replication reader and the aggregator (bounded by bytes: backpressure starts at the bound).")
+	m.WaitingForSlot = gauge("waiting_for_slot",
+		"1 while this walcount waits as a standby for the replication slot another walcount holds, else 0.")
+	m.SessionFailures = counterVec("session_failures_total",
+		"Replication sessions that failed and are retried, whatever failed (PostgreSQL, Redis, the replication connection), by stage: start (connecting, taking the slot, recovering the Redis buffer) or streaming (reading the slot, writing deltas to Redis, flushing them).",
+		LabelStage)
+	m.StreamTimeouts = counter("stream_timeouts_total",
+		"Replication streams abandoned because nothing, not even a keepalive, arrived within stream_timeout (a stopped walsender, a half-open connection); each is also a session failure.")
+	m.ForgedMessages = counter("forged_messages_total",
+		"Messages in walcount's form that did not come from walcount's table of messages (another role emitted them with pg_logical_emit_message); they were ignored.")
+	m.Streaming = streamingGauge{
+		Gauge:   gauge("streaming", "1 while the replication stream is connected, else 0."),
+		waiting: m.WaitingForSlot,
+	}
+}
+
+// newFlushMetrics makes the metrics of the flushes.
+func (m *Metrics) newFlushMetrics() {
+	m.Flushes = counter("flushes_total",
+		"Flushes committed to PostgreSQL.")
+	m.FlushErrors = counter("flush_errors_total",
+		"Flushes that failed and will be retried.")
+	m.FlushPieces = counter("flush_pieces_total",
+		"Transactions that applied carried deltas in bounded pieces (a big batch, or what a stopped session left carried).")
+	m.FlushDuration = histogram("flush_duration_seconds",
+		"Duration of one flush, from taking over the Redis buffer to the PostgreSQL commit.",
+		FlushDurationBuckets)
+	m.DeltasFlushed = counterVec("deltas_flushed_total",
+		"Non-zero deltas applied to counter columns, by counter.",
+		LabelCounter)
+	m.ExtremumRecomputes = counterVec("extremum_recomputes_total",
+		"Max and min columns set again from their source rows by the flushes (one index probe each), by counter.",
+		LabelCounter)
+	m.DeltasDropped = counterVec("deltas_dropped_total",
+		"Deltas dropped because their target row does not exist, by counter.",
+		LabelCounter)
+	m.TargetRowsCreated = counterVec("target_rows_created_total",
+		"Target rows created by the flushes of create_missing counters, by counter.",
+		LabelCounter)
+	m.BufferKeys = gauge("buffer_keys",
+		"Keys waiting in the Redis buffer or carried by the flushes to the next one.")
+	m.FlushKeysDeferred = gauge("flush_keys_deferred",
+		"Keys the last flush carried to the next because another transaction held their target row locked.")
+	m.FlushOldestDeferredSeconds = gauge("flush_oldest_deferred_seconds",
+		"How long the key carried the longest (its target row locked) has been carried; 0 when none is.")
+	m.KeysParked = gauge("keys_parked",
+		"Keys whose update failed on their target row's data (a trigger, a CHECK constraint); retried on a slow schedule.")
+	m.ApplyLag = histogram("apply_lag_seconds",
+		"Time from a source transaction's commit to the commit of the flush that applied its deltas.",
+		ApplyLagBuckets)
+}
+
+// newReconcileMetrics makes the metrics of reconciliation.
+func (m *Metrics) newReconcileMetrics() {
+	m.CounterDirty = gaugeVec("dirty",
+		"1 while a counter (or some of its keys) is dirty: part of its history was not seen, and walcount repairs it by reconciliation; 0 otherwise.",
+		LabelCounter)
+	m.ReconcileCorrections = counterVec("reconcile_corrections_total",
+		"Corrections applied by reconciliation, by counter.",
+		LabelCounter)
+	m.ReconcileKeysChecked = counterVec("reconcile_keys_checked_total",
+		"Keys measured by reconciliation, by counter.",
+		LabelCounter)
+	m.ViaRowsCollected = counterVec("via_rows_collected_total",
+		"Rows of a via table deleted because they hold nothing any more (their parent was deleted and no source row references it), by counter through a parent.",
+		LabelCounter)
 }
 
 // Registry returns the registry holding every walcount metric.
@@ -501,6 +502,18 @@ func (g streamingGauge) Set(v float64) {
 
 func gauge(name, help string) prometheus.Gauge {
 	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help})
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func histogram(name, help string, buckets []float64) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets})
 }
 
 // MirroredCounter is a counter whose value is kept elsewhere (a server's

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // ErrNoPgBouncer means that no pgbouncer binary was found.
@@ -88,11 +90,8 @@ func StartPgBouncer(ctx context.Context, opt PgBouncerOptions) (*PgBouncer, erro
 	for _, u := range opt.Users {
 		fmt.Fprintf(&users, "%q \"\"\n", u)
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultStartTimeout)
-		defer cancel()
-	}
+	ctx, cancel := withStartTimeout(ctx)
+	defer cancel()
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
@@ -136,16 +135,19 @@ pidfile =
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		for {
+		deadline, _ := ctx.Deadline()
+		up := false
+		wait.Until(time.Until(deadline), 10*time.Millisecond, func() bool {
 			if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 100*time.Millisecond); err == nil {
 				c.Close()
-				b.port, b.proc = port, proc
-				return b, nil
+				up = true
+				return true
 			}
-			if proc.exited() || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+			return proc.exited() || ctx.Err() != nil
+		})
+		if up {
+			b.port, b.proc = port, proc
+			return b, nil
 		}
 		proc.killGroup()
 		<-proc.done

@@ -265,19 +265,12 @@ func quoteSetting(v string) string {
 func (p *Postgres) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return fmt.Errorf("start postgres: %w", ErrClosed)
-	}
-	if p.proc != nil && !p.proc.exited() {
-		return fmt.Errorf("start postgres: %w", ErrRunning)
+	if err := startable("postgres", p.closed, p.proc); err != nil {
+		return err
 	}
 	p.proc = nil
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultStartTimeout)
-		defer cancel()
-	}
-
+	ctx, cancel := withStartTimeout(ctx)
+	defer cancel()
 	began := time.Now()
 	if err := retryPort(ctx, &p.port, "postgres", p.logger, p.startOnce); err != nil {
 		return fmt.Errorf("start postgres: %w", err)
@@ -390,17 +383,14 @@ func (p *Postgres) Stop(ctx context.Context, mode string) error {
 func (p *Postgres) Running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.proc != nil && !p.proc.exited()
+	return p.proc.running()
 }
 
 // PID returns the postmaster's process id, or 0 while it is stopped.
 func (p *Postgres) PID() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.proc == nil || p.proc.exited() {
-		return 0
-	}
-	return p.proc.cmd.Process.Pid
+	return p.proc.pid()
 }
 
 // SetSettings writes the settings into postgresql.auto.conf, as ALTER SYSTEM

@@ -141,6 +141,39 @@ func serverEnv() []string {
 	return env
 }
 
+// startable is the guard of a server's Start: it fails with ErrClosed
+// for a server that was closed and with ErrRunning for one whose process
+// still runs. what names the server in the error.
+func startable(what string, closed bool, proc *process) error {
+	if closed {
+		return fmt.Errorf("start %s: %w", what, ErrClosed)
+	}
+	if proc != nil && !proc.exited() {
+		return fmt.Errorf("start %s: %w", what, ErrRunning)
+	}
+	return nil
+}
+
+// withStartTimeout gives ctx DefaultStartTimeout when it has no deadline.
+func withStartTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, DefaultStartTimeout)
+}
+
+// running reports whether p is a process that has not exited; a nil p
+// (a server stopped) is not running.
+func (p *process) running() bool { return p != nil && !p.exited() }
+
+// pid returns p's process id, or 0 when it is not running.
+func (p *process) pid() int {
+	if !p.running() {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // exited reports whether the process has exited.
 func (p *process) exited() bool {
 	select {

@@ -65,18 +65,12 @@ func StartRedis(ctx context.Context, opt RedisOptions) (_ *Redis, err error) {
 func (r *Redis) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
-		return fmt.Errorf("start redis: %w", ErrClosed)
-	}
-	if r.proc != nil && !r.proc.exited() {
-		return fmt.Errorf("start redis: %w", ErrRunning)
+	if err := startable("redis", r.closed, r.proc); err != nil {
+		return err
 	}
 	r.proc = nil
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultStartTimeout)
-		defer cancel()
-	}
+	ctx, cancel := withStartTimeout(ctx)
+	defer cancel()
 	began := time.Now()
 	if err := retryPort(ctx, &r.port, "redis", r.logger, r.startOnce); err != nil {
 		return fmt.Errorf("start redis: %w", err)
@@ -165,17 +159,14 @@ func (r *Redis) Kill() error {
 func (r *Redis) Running() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.proc != nil && !r.proc.exited()
+	return r.proc.running()
 }
 
 // PID returns the server's process id, or 0 while it is stopped.
 func (r *Redis) PID() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.proc == nil || r.proc.exited() {
-		return 0
-	}
-	return r.proc.cmd.Process.Pid
+	return r.proc.pid()
 }
 
 // Close kills the server and removes its directory. It is idempotent.

@@ -146,7 +146,7 @@ func StartRedisCluster(ctx context.Context, opt RedisClusterOptions) (_ *RedisCl
 		n.conf = clusterNodeConf(n.dir, sec, opt.NodeTimeout)
 		c.nodes = append(c.nodes, n)
 	}
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	began := time.Now()
 	if err := startRedisNodes(ctx, c.nodes); err != nil {
@@ -420,7 +420,7 @@ func (c *RedisCluster) healthy(ctx context.Context) (map[string]redisClusterEntr
 // nodes, every slot is served by a running master and every running
 // replica's link to its master is up.
 func (c *RedisCluster) WaitHealthy(ctx context.Context) error {
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	return waitRedis(ctx, "a healthy cluster", func(ctx context.Context) (bool, string, error) {
 		if c.isClosed() {
@@ -596,7 +596,7 @@ func (c *RedisCluster) WaitFailover(ctx context.Context, killed *RedisNode) (*Re
 	if killed.Running() {
 		return nil, fmt.Errorf("wait failover: %s runs; Kill it first", killed.name)
 	}
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	began := time.Now()
 	var agreed map[string]redisClusterEntry
@@ -641,7 +641,7 @@ func (c *RedisCluster) Start(ctx context.Context, node *RedisNode) error {
 	if err := c.member(node); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	if err := node.start(ctx); err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
+	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
 // metaKey is the kind of key walcount writes: its hash tag puts every key
@@ -53,18 +54,16 @@ func startRedisCluster(tb testing.TB, opt servers.RedisClusterOptions) *servers.
 // stuck on a dead node does not use up the test's time.
 func writeUntilOK(tb testing.TB, from time.Time, write func(ctx context.Context) error) time.Duration {
 	tb.Helper()
-	deadline := time.Now().Add(failoverTimeout)
 	var lastErr error
-	for time.Now().Before(deadline) {
+	// Failed attempts usually fail fast (connection refused,
+	// CLUSTERDOWN); the poll keeps the loop from spinning on them.
+	if wait.Until(failoverTimeout, 10*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		lastErr = write(ctx)
 		cancel()
-		if lastErr == nil {
-			return time.Since(from)
-		}
-		// Failed attempts usually fail fast (connection refused,
-		// CLUSTERDOWN); the pause keeps the loop from spinning on them.
-		time.Sleep(10 * time.Millisecond)
+		return lastErr == nil
+	}) {
+		return time.Since(from)
 	}
 	tb.Fatalf("no successful write within %v; last error: %v", failoverTimeout, lastErr)
 	return 0

@@ -374,17 +374,14 @@ func (n *RedisNode) ID() string { return n.id }
 func (n *RedisNode) Running() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.proc != nil && !n.proc.exited()
+	return n.proc.running()
 }
 
 // PID returns the node's process id, or 0 while it is stopped.
 func (n *RedisNode) PID() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.proc == nil || n.proc.exited() {
-		return 0
-	}
-	return n.proc.cmd.Process.Pid
+	return n.proc.pid()
 }
 
 // Dir returns the node's directory (config, log, nodes.conf).
@@ -402,14 +399,11 @@ func (n *RedisNode) LogTail(lines int) string { return tailFile(n.logPath, lines
 func (n *RedisNode) start(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed {
-		return fmt.Errorf("start %s: %w", n.name, ErrClosed)
-	}
-	if n.proc != nil && !n.proc.exited() {
-		return fmt.Errorf("start %s: %w", n.name, ErrRunning)
+	if err := startable(n.name, n.closed, n.proc); err != nil {
+		return err
 	}
 	n.proc = nil
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	pick := n.Port() == 0
 	began := time.Now()
@@ -665,12 +659,4 @@ func waitRedis(ctx context.Context, what string, check func(ctx context.Context)
 		case <-ticker.C:
 		}
 	}
-}
-
-// redisDefaultTimeout gives ctx DefaultStartTimeout when it has no deadline.
-func redisDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, DefaultStartTimeout)
 }

@@ -173,7 +173,7 @@ func StartRedisSentinel(ctx context.Context, opt RedisSentinelOptions) (_ *Redis
 		s.sentinels = append(s.sentinels, n)
 	}
 
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	began := time.Now()
 	master := s.data[0]
@@ -448,7 +448,7 @@ func redisList(v any) []any {
 // every running replica in sync and every other running sentinel
 // reachable, and all agree on the master.
 func (s *RedisSentinel) WaitHealthy(ctx context.Context) error {
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	return waitRedis(ctx, "the sentinels to agree", func(ctx context.Context) (bool, string, error) {
 		if s.isClosed() {
@@ -528,7 +528,7 @@ func (s *RedisSentinel) KillMaster(ctx context.Context) (*RedisNode, error) {
 // master, other than old, and that node answers as a master (ROLE). It
 // returns the new master's address.
 func (s *RedisSentinel) WaitNewMaster(ctx context.Context, old string) (string, error) {
-	ctx, cancel := redisDefaultTimeout(ctx)
+	ctx, cancel := withStartTimeout(ctx)
 	defer cancel()
 	began := time.Now()
 	var addr string

@@ -287,11 +287,8 @@ func (p *Postgres) Promote(ctx context.Context) error {
 	if !p.Running() {
 		return fmt.Errorf("promote: the standby is not running")
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultStartTimeout)
-		defer cancel()
-	}
+	ctx, cancel := withStartTimeout(ctx)
+	defer cancel()
 	deadline, _ := ctx.Deadline()
 	// A promote request that reaches the server while it restarts after
 	// a child's crash (a WAL receiver killed, say) is lost: the startup
