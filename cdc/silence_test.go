@@ -19,7 +19,7 @@ func TestSilenceBound(t *testing.T) {
 	f := newStreamFixture(t)
 	const bound = 5 * time.Second
 	ctx := context.Background()
-	s, err := Connect(ctx, StreamConfig{ConnString: f.url, Slot: "walcount", Publication: "walcount",
+	s, err := Connect(ctx, StreamConfig{ConnString: f.url, Slot: f.name, Publication: "walcount",
 		StartLSN: f.slot, StatusInterval: time.Minute, SilenceTimeout: bound})
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,9 @@ type streamFixture struct {
 	url  string
 	conn *pgx.Conn
 	slot LSN
+	// name is the fixture's own slot: slots are the server's, not the
+	// database's, and the package's tests run in parallel on one server.
+	name string
 }
 
 func newStreamFixture(t *testing.T) *streamFixture {
@@ -42,11 +45,14 @@ func newStreamFixture(t *testing.T) *streamFixture {
 			t.Fatal(err)
 		}
 	}
-	var start string
-	if err := conn.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot('walcount', 'pgoutput')`).Scan(&start); err != nil {
+	var start, name string
+	if err := conn.QueryRow(ctx, `SELECT 'walcount_' || current_database()`).Scan(&name); err != nil {
 		t.Fatal(err)
 	}
-	f := &streamFixture{url: url, conn: conn}
+	if err := conn.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, name).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	f := &streamFixture{url: url, conn: conn, name: name}
 	if f.slot, err = pglogrepl.ParseLSN(start); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +156,7 @@ BEGIN FOR i IN 1..n LOOP INSERT INTO likes (post_id) VALUES (i); COMMIT; END LOO
 	defer cancel()
 	s, err := Connect(ctx, StreamConfig{
 		ConnString:     f.url,
-		Slot:           "walcount",
+		Slot:           f.name,
 		Publication:    "walcount",
 		StartLSN:       start,
 		CoalesceWindow: 20 * time.Millisecond,
@@ -209,7 +215,7 @@ BEGIN FOR i IN 1..n LOOP INSERT INTO likes (post_id) VALUES (i); COMMIT; END LOO
 	s.Close()
 	var confirmed string
 	if err := f.conn.QueryRow(context.Background(),
-		`SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'walcount'`).Scan(&confirmed); err != nil {
+		`SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, f.name).Scan(&confirmed); err != nil {
 		t.Fatal(err)
 	}
 	c, err := pglogrepl.ParseLSN(confirmed)

@@ -27,7 +27,7 @@ func TestWideRowsAreBoundedInBytes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := Connect(ctx, StreamConfig{ConnString: f.url, Slot: "walcount", Publication: "walcount", StartLSN: start, QueueBytes: budget})
+	s, err := Connect(ctx, StreamConfig{ConnString: f.url, Slot: f.name, Publication: "walcount", StartLSN: start, QueueBytes: budget})
 	if err != nil {
 		t.Fatal(err)
 	}

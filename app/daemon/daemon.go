@@ -383,12 +383,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 // that is when the slot's metrics must not vanish. Call stop before Run,
 // which watches the slot itself for its whole lifetime. A lost slot seen
 // here stays in the metrics; the preflight checks refuse it.
+//
+// It is a monitor of its own that logs nothing: the preflight checks report
+// what is wrong with the slot, once, with the fix, and Run's monitor then
+// logs its changes from its first reading.
 func (d *Daemon) WatchSlot(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	mon := slot.New(slot.Options{Querier: d.slotDB, Slot: d.cfg.Slot, Interval: d.cfg.SlotSettings.PollInterval,
+		MaxLagBytes: d.cfg.SlotSettings.MaxLagBytes, Metrics: d.opt.Metrics, KeepWatchingLostSlot: true})
 	go func() {
 		defer close(done)
-		_ = d.mon.Run(ctx)
+		_ = mon.Run(ctx)
 	}()
 	return func() { cancel(); <-done }
 }

@@ -31,10 +31,14 @@ func (r *run) checkPooling() error {
 		return r.queryFailed(CheckPooler, "a transaction on database_url", err)
 	}
 	defer probe.Close(r.ctx)
-	err = pgx.BeginFunc(r.ctx, probe, func(tx pgx.Tx) error {
-		_, err := tx.Exec(r.ctx, "SELECT 1")
-		return err
-	})
+	// One round trip opens the transaction and lifts the role's own
+	// timeouts inside it (a role may set idle_in_transaction_session_timeout
+	// to a millisecond, which walcount's own sessions override too), then
+	// one commits it. Without arguments, pgx sends each as a simple query.
+	_, err = probe.Exec(r.ctx, "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0")
+	if err == nil {
+		_, err = probe.Exec(r.ctx, "COMMIT")
+	}
 	switch {
 	case connerr.StatementPooling(err):
 		r.configProblem(CheckPooler,
