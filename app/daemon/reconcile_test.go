@@ -152,7 +152,11 @@ func TestReconcileResumesAfterRestart(t *testing.T) {
 	if _, err := e.db.Exec(ctx, `UPDATE posts SET likes_count = 1 WHERE id IN (100, 2900)`); err != nil {
 		t.Fatal(err)
 	}
-	run := startRun(t, r, reconcile.Request{BatchSize: 50})
+	// Paced so the stop lands mid-run: unpaced, 3000 keys can all be
+	// checked between seeing 500 and the stop taking effect (it did on
+	// a fast CI machine).
+	rate := 1000
+	run := startRun(t, r, reconcile.Request{BatchSize: 50, MaxKeysPerSecond: &rate})
 	waitFor(t, "run under way", func() bool {
 		c := r.d.ReconcileStatus().Current
 		return c != nil && c.KeysChecked >= 500
