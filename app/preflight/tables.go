@@ -169,6 +169,9 @@ func (r *run) checkCounter(i int, c counter.Counter) error {
 	if err := r.checkTargetRules(c, tgt, prefix); err != nil {
 		return err
 	}
+	if err := r.checkOtherWriters(c, tgt, prefix); err != nil {
+		return err
+	}
 	return r.sourceIdentity(c, src, prefix)
 }
 
