@@ -84,12 +84,14 @@ func bindTargets(rel *cdc.Relation, counters []counter.Counter, rels Relations) 
 
 // lifeEvent is one lifecycle event of a target key, at the end LSN of its
 // transaction. to is the new field of a key change, "" for a delete;
-// insert marks an insert.
+// insert marks an insert, own one by walcount's own flush (a row a
+// create_missing counter created).
 type lifeEvent struct {
 	lsn    cdc.LSN
 	field  string
 	to     string
 	insert bool
+	own    bool
 }
 
 // lifecycle is the aggregator's lifecycle state.
@@ -259,6 +261,7 @@ func (a *Aggregator) commitLifecycle(end cdc.LSN) {
 	l.pendingMoves = append(l.pendingMoves, l.moves...)
 	for _, e := range l.events {
 		e.lsn = end
+		e.own = e.insert && a.ownFlush
 		l.log = append(l.log, e)
 	}
 }
@@ -310,6 +313,7 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 			}
 		}
 	}
+	var sum crossing
 	for _, f := range fields {
 		if !known {
 			break // marked dirty above
@@ -332,9 +336,9 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 		if should != "" {
 			a.add(should, d)
 		}
-		a.log.Info("a flush crossed a change of its target row; its delta goes to the row it was counted for",
-			zap.String("field", f), zap.String("to", should), zap.Int64("delta", d))
+		sum.note(f, should, went)
 	}
+	sum.log(a.log)
 	if len(dirty) > 0 && a.opt.Marks != nil {
 		if err := a.opt.Marks.Dirty(dirty, "a flush crossed a change of the target row and walcount restarted before it could follow it"); err != nil {
 			return true, err
@@ -346,17 +350,59 @@ func (a *Aggregator) flushSeen(content []byte, at cdc.LSN) (bool, error) {
 	return true, nil
 }
 
+// crossing sums up what one flush marker's compensations did, for one log
+// line: a flush that crossed the lifecycle events of many keys (a batch of
+// deletes, a table re-keyed) is one event, not one per key.
+type crossing struct {
+	moved, taken, given int
+	examples            []zap.Field
+}
+
+// note records the compensation of field f: its delta belonged to should
+// ("" for no row), and the flush applied it to the row that had the key
+// at its commit (went) or to none.
+func (c *crossing) note(f, should string, went bool) {
+	switch {
+	case should != "" && should != f:
+		c.moved++ // the row was re-keyed: the delta follows it
+	case should == "":
+		c.taken++ // the row was deleted, or is not the one counted for
+	default:
+		c.given++ // the key had no row at the flush and has one now
+	}
+	if len(c.examples) < 3 {
+		to := should
+		if to == "" {
+			to = "(no row)"
+		}
+		c.examples = append(c.examples, zap.String(f, to))
+	}
+}
+
+func (c *crossing) log(log *zap.Logger) {
+	if c.moved+c.taken+c.given == 0 {
+		return
+	}
+	log.Info("a flush crossed changes of its target rows (deleted, re-keyed or created while it ran): their deltas go to the rows they were counted for",
+		zap.Int("followed_rekey", c.moved), zap.Int("taken_back", c.taken), zap.Int("given_to_new_row", c.given),
+		zap.Dict("examples", c.examples...))
+}
+
 // follow walks the events of the flush's crossing: where the delta on f
 // belonged, the row that had key f at the hand-over followed through its
 // key changes; "" once deleted, or when no row had key f then (its first
 // event is an insert), unless creates: a create_missing counter's delta
 // for a key with no row belongs to the row that gets the key next, the
-// one the flush created or one the application inserted first.
+// one the flush created or one the application inserted first. A row
+// walcount's own flush created (own) is the row of every counter of its
+// target: the flush that creates it updates it with the deltas of the
+// other counters too, and the pieces of a big batch do so in separate
+// transactions (an earlier piece creates the row, a later one updates it).
 func follow(f string, events []lifeEvent, creates bool) string {
 	should := f
 	first := true
 	for _, e := range events {
-		if e.field == f && e.insert && first && !creates {
+		if e.field == f && e.insert && first && !creates && !e.own {
 			should = ""
 		}
 		if should != "" && !e.insert && e.field == should {

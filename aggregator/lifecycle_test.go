@@ -12,6 +12,7 @@ func TestFollow(t *testing.T) {
 	del := func(f string) lifeEvent { return lifeEvent{field: f} }
 	ren := func(f, to string) lifeEvent { return lifeEvent{field: f, to: to} }
 	ins := func(f string) lifeEvent { return lifeEvent{field: f, insert: true} }
+	created := func(f string) lifeEvent { return lifeEvent{field: f, insert: true, own: true} }
 	tests := []struct {
 		name    string
 		events  []lifeEvent
@@ -33,6 +34,12 @@ func TestFollow(t *testing.T) {
 		{"created: the row inserted after the hand-over is the key's", []lifeEvent{ins("c:1")}, "c:1", true},
 		{"created, then deleted", []lifeEvent{ins("c:1"), del("c:1")}, "", true},
 		{"deleted, then created", []lifeEvent{del("c:1"), ins("c:1")}, "", true},
+		// A row walcount created (another counter's create_missing, in
+		// an earlier piece of the same batch) is the key's row for every
+		// counter of the target.
+		{"created by walcount", []lifeEvent{created("c:1")}, "c:1", false},
+		{"created by walcount, then deleted", []lifeEvent{created("c:1"), del("c:1")}, "", false},
+		{"deleted, then created by walcount", []lifeEvent{del("c:1"), created("c:1")}, "", false},
 	}
 	for _, tt := range tests {
 		if should := follow("c:1", tt.events, tt.creates); should != tt.should {

@@ -19,7 +19,8 @@ type counterBatch struct {
 	deltas []int64
 }
 
-// group splits buffer fields by counter and sorts each counter's keys.
+// group splits buffer fields by counter and sorts each counter's keys; the
+// counters that create rows come first.
 func (f *Flusher) group(fields map[string]int64) ([]*counterBatch, error) {
 	by := make(map[string]*counterBatch)
 	for field, n := range fields {
@@ -52,7 +53,19 @@ func (f *Flusher) group(fields map[string]int64) ([]*counterBatch, error) {
 		sort.Sort(byKey{b})
 		out = append(out, b)
 	}
-	slices.SortFunc(out, func(a, b *counterBatch) int { return compareStrings(a.t.Counter.Name, b.t.Counter.Name) })
+	// The counters that create missing target rows run first, in name
+	// order, then the others: a counter that creates no rows (a max, a
+	// count without create_missing) on the same target then updates the
+	// row created in this transaction instead of missing it.
+	slices.SortFunc(out, func(a, b *counterBatch) int {
+		if ca, cb := a.t.Counter.CreateMissing, b.t.Counter.CreateMissing; ca != cb {
+			if ca {
+				return -1
+			}
+			return 1
+		}
+		return compareStrings(a.t.Counter.Name, b.t.Counter.Name)
+	})
 	return out, nil
 }
 

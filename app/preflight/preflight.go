@@ -74,6 +74,10 @@ const (
 	// CheckTargetRules reports the triggers and CHECK constraints that
 	// act on the flush's UPDATE of a counter column.
 	CheckTargetRules = "target_rules"
+	// CheckOtherWriters reports the triggers and rules that write a
+	// counter column walcount keeps: the app's own counter cache, left
+	// in place.
+	CheckOtherWriters = "other_writers"
 )
 
 // Cause says what must change to resolve a Finding.
