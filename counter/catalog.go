@@ -213,6 +213,15 @@ type Resolved struct {
 	Column string
 	// Total counts the target rows.
 	Total string
+	// Seed, for a create_missing counter other than a via table's, gives
+	// every key with counted source rows (with a value, for a max or min)
+	// a target row when it has none: the key, the counter column's empty
+	// value (0, or NULL for a max or min) and the declared defaults, ON
+	// CONFLICT DO NOTHING, with FilterArgs bound from $1. It returns the
+	// keys of the rows it created. A full reconciliation, a backfill
+	// among them, measures the target rows there are, so it seeds first
+	// (see buildSeed).
+	Seed string
 	// The survey of a range of keys, with FilterArgs bound after $1 and
 	// $2 and the slot after them (see buildSurvey).
 	SurveyIntKeys                                        bool

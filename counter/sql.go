@@ -115,6 +115,9 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 u AS (UPDATE %[2]s AS t SET %[3]s = 0 WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
 SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0%[5]s AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
 		tkeyID, tgt.Ident(), col, scaled("t."+col), onlyRow)
+	if c.CreateMissing && !c.IsVia() {
+		r.buildSeed(src, tgt, tkey, filterAfter(0))
+	}
 	if r.Extremum {
 		r.buildExtremumSQL(src, tgt, key, tkey, fn, ext, filterAfter(2), onlyRow)
 	}
@@ -196,6 +199,9 @@ l AS (SELECT t.%[4]s AS id FROM %[2]s AS t WHERE t.%[4]s IN (SELECT d.id FROM d)
 hit AS (UPDATE %[2]s AS t SET %[3]s = (SELECT %[5]s(s.%[6]s) FROM %[7]s AS s WHERE %[8]s%[9]s) FROM d WHERE t.%[4]s = d.id AND t.%[4]s IN (SELECT l.id FROM l) RETURNING d.k)
 SELECT d.k, EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[4]s = d.id), d.id IN (SELECT l.id FROM l)
 FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, tkeyID, fn, pgx.Identifier{ext}.Sanitize(), src.Ident(), match, filter)
+	if c.CreateMissing {
+		r.Flush = createExtremumFlush(r, tgt, tkey, fmt.Sprintf("SELECT %s(s.%s) FROM %s AS s WHERE %s%s", fn, pgx.Identifier{ext}.Sanitize(), src.Ident(), match, filter))
+	}
 	r.Reset = fmt.Sprintf(`WITH l AS (SELECT t.%[1]s AS k FROM %[2]s AS t WHERE t.%[3]s IS NOT NULL%[4]s FOR NO KEY UPDATE OF t SKIP LOCKED),
 u AS (UPDATE %[2]s AS t SET %[3]s = NULL WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
 SELECT t.%[1]s::text, -1::bigint FROM %[2]s AS t WHERE t.%[3]s IS NOT NULL%[4]s AND t.%[1]s NOT IN (SELECT u.k FROM u)`,
@@ -323,4 +329,78 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit) AND d.id NOT IN (SELECT ins.id F
 UNION ALL
 SELECT d.k, false, false, true FROM d JOIN ins ON ins.id = d.id WHERE ins.created`,
 		tkey.Full, tgt.Ident(), col, deltaExpr(r.Scale), tkeyID, strings.Join(cols, ", "), strings.Join(vals, ", "))
+}
+
+// createExtremumFlush writes the flush statement of a create_missing max
+// or min counter: buildExtremumSQL's, which sets the column of each key
+// it can lock at once from the source rows its snapshot sees, and then,
+// for the keys with no row in its snapshot whose source rows have a value
+// (value, the key's max or min over its rows d.k, is not NULL), an
+// INSERT of the row with that value and the declared defaults, ON
+// CONFLICT (target key) DO UPDATE setting the same value: a row the app
+// committed since the snapshot gets the value the snapshot sees, and any
+// change after the snapshot is in a later batch, which computes it again.
+// A key with neither a row nor a value creates nothing (its rows are all
+// gone, or have no value: a created row would hold NULL, which it holds
+// without one). It returns what createFlush returns.
+func createExtremumFlush(r *Resolved, tgt *Table, tkey Column, value string) string {
+	c := r.Counter
+	col := pgx.Identifier{c.Column}.Sanitize()
+	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
+	cols := []string{tkeyID, col}
+	vals := []string{"d.id", "m.v"}
+	for _, name := range sortedKeys(c.Defaults) {
+		cols = append(cols, pgx.Identifier{name}.Sanitize())
+		vals = append(vals, fmt.Sprintf("CAST(%s AS %s)", quoteLiteral(c.Defaults[name]), tgt.Columns[name].Full))
+	}
+	return fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%[1]s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
+l AS (SELECT t.%[4]s AS id FROM %[2]s AS t WHERE t.%[4]s IN (SELECT d.id FROM d) ORDER BY t.%[4]s FOR NO KEY UPDATE OF t SKIP LOCKED),
+hit AS (UPDATE %[2]s AS t SET %[3]s = (%[5]s) FROM d WHERE t.%[4]s = d.id AND t.%[4]s IN (SELECT l.id FROM l) RETURNING d.k),
+ins AS (INSERT INTO %[2]s AS t (%[6]s) SELECT %[7]s FROM d CROSS JOIN LATERAL (%[5]s) AS m(v)
+  WHERE m.v IS NOT NULL AND NOT EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[4]s = d.id) ORDER BY d.id
+  ON CONFLICT (%[4]s) DO UPDATE SET %[3]s = excluded.%[3]s RETURNING t.%[4]s AS id, t.xmax = 0 AS created)
+SELECT d.k, EXISTS (SELECT 1 FROM %[2]s AS t WHERE t.%[4]s = d.id), d.id IN (SELECT l.id FROM l), false
+FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit) AND d.id NOT IN (SELECT ins.id FROM ins)
+UNION ALL
+SELECT d.k, false, false, true FROM d JOIN ins ON ins.id = d.id WHERE ins.created`,
+		tkey.Full, tgt.Ident(), col, tkeyID, value, strings.Join(cols, ", "), strings.Join(vals, ", "))
+}
+
+// buildSeed writes the seed of a create_missing counter (Resolved.Seed):
+// an INSERT of a target row, with the column's empty value and the
+// declared defaults, for each key whose filtered source rows have no
+// target row, in key order (the order a flush's INSERT takes its keys in,
+// so that the two never wait for each other in a cycle). The empty value
+// adds nothing: the measurement that follows in the same run sets the
+// row to its true value through the stream (the pending changes of the
+// key, streamed deltas that find the row, are accounted for as any
+// key's), and the aggregator sees an INSERT with nothing in the column,
+// not a seeded row (design rule 17).
+func (r *Resolved) buildSeed(src, tgt *Table, tkey Column, filter string) {
+	c := r.Counter
+	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
+	empty := "0"
+	if r.Extremum {
+		empty = "NULL"
+	}
+	cols := []string{tkeyID, pgx.Identifier{c.Column}.Sanitize()}
+	vals := []string{"k.id", fmt.Sprintf("CAST(%s AS %s)", empty, tgt.Columns[c.Column].Full)}
+	for _, name := range sortedKeys(c.Defaults) {
+		cols = append(cols, pgx.Identifier{name}.Sanitize())
+		vals = append(vals, fmt.Sprintf("CAST(%s AS %s)", quoteLiteral(c.Defaults[name]), tgt.Columns[name].Full))
+	}
+	if ext, _ := c.Extremum(); ext != "" {
+		filter += " AND s." + pgx.Identifier{ext}.Sanitize() + " IS NOT NULL"
+	}
+	var keys string
+	if c.Keyless() {
+		keys = fmt.Sprintf("SELECT CAST(%s AS %s) AS id WHERE EXISTS (SELECT 1 FROM %s AS s WHERE true%s)", quoteLiteral(c.TargetRow), tkey.Full, src.Ident(), filter)
+	} else {
+		keyID := pgx.Identifier{c.Key}.Sanitize()
+		keys = fmt.Sprintf("SELECT DISTINCT CAST(s.%s AS %s) AS id FROM %s AS s WHERE s.%s IS NOT NULL%s", keyID, tkey.Full, src.Ident(), keyID, filter)
+	}
+	r.Seed = fmt.Sprintf(`INSERT INTO %[1]s AS t (%[2]s) SELECT %[3]s FROM (%[4]s) AS k
+WHERE NOT EXISTS (SELECT 1 FROM %[1]s AS t WHERE t.%[5]s = k.id) ORDER BY k.id
+ON CONFLICT (%[5]s) DO NOTHING RETURNING t.%[5]s::text`,
+		tgt.Ident(), strings.Join(cols, ", "), strings.Join(vals, ", "), keys, tkeyID)
 }

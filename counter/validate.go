@@ -157,8 +157,7 @@ func (d declaration) checkColumns() {
 	d.column("min", c.Min, false)
 }
 
-// checkKind holds the counter to one kind: a count, a sum, a max or a min;
-// only a count or a sum may create target rows.
+// checkKind holds the counter to one kind: a count, a sum, a max or a min.
 func (d declaration) checkKind() {
 	c := d.c
 	switch {
@@ -166,8 +165,6 @@ func (d declaration) checkKind() {
 		d.add("min", "a counter keeps max or min, not both: declare two counters")
 	case c.Sum != "" && (c.Max != "" || c.Min != ""):
 		d.add("sum", "a counter keeps a sum or an extremum (max, min), not both: declare two counters")
-	case c.CreateMissing && (c.Max != "" || c.Min != ""):
-		d.add("create_missing", "a max or min counter cannot create target rows yet: let a count or sum counter of the same target create them")
 	}
 }
 

@@ -36,18 +36,20 @@ func TestValidateMultiLevel(t *testing.T) {
 	}
 }
 
-// TestValidateCreateMissingExtremum: a max or min counter cannot create
-// target rows (its flush statement is not the upsert); a count of the
-// same target can.
+// TestValidateCreateMissingExtremum: a max or min counter may create
+// target rows, alone or beside a count of the same target that does too;
+// its defaults are checked as a count's are.
 func TestValidateCreateMissingExtremum(t *testing.T) {
 	newest := Counter{Name: "newest", Source: "comments", Key: "post_id", Target: "post_aggregates", TargetKey: "post_id", Column: "newest", Max: "created_at", CreateMissing: true}
-	ps := Validate([]Counter{newest})
-	if len(ps) != 1 || ps[0].Field != FieldPath(0, "newest")+".create_missing" || !strings.Contains(ps[0].Msg, "cannot create target rows") {
+	if ps := Validate([]Counter{newest}); len(ps) != 0 {
 		t.Fatalf("create_missing on a max counter: %v", ps)
 	}
-	newest.CreateMissing = false
 	count := Counter{Name: "comments", Source: "comments", Key: "post_id", Target: "post_aggregates", TargetKey: "post_id", Column: "comments", CreateMissing: true}
 	if ps := Validate([]Counter{newest, count}); len(ps) != 0 {
-		t.Fatalf("a max beside a count that creates the rows: %v", ps)
+		t.Fatalf("a max beside a count, both creating the rows: %v", ps)
+	}
+	newest.Defaults = map[string]string{"newest": "now"}
+	if ps := Validate([]Counter{newest}); len(ps) != 1 || !strings.Contains(ps[0].Msg, "counter column") {
+		t.Fatalf("a default for a max counter's own column: %v", ps)
 	}
 }

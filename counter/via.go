@@ -166,7 +166,7 @@ func ThroughProblems(field string, c Counter) []Problem {
 	case c.Keyless():
 		add("via", "a total with no key (target_row) reaches no parent")
 	case c.Max != "" || c.Min != "":
-		add("via", "a max or min cannot go through a parent yet; a count or a sum can")
+		add("via", "a max or min cannot go through a parent yet; a count or a sum can (see docs/configuration.md for what to do instead)")
 	}
 	if th.Table == "" {
 		add("via.table", "required (the parent table)")

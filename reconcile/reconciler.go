@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -757,6 +758,11 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 				r.log.Info("via rows seeded", zap.Int64("run", run.ID), zap.String("counter", c.Name), zap.Int64("rows", n))
 			}
 		}
+		if sql.Seed != "" && !run.DryRun {
+			if err := r.seedTargets(ctx, run, sql); err != nil {
+				return err
+			}
+		}
 	}
 	p.backfill = run.Kind == state.KindBackfill
 	checked, corrected := run.KeysChecked, run.Corrected
@@ -775,6 +781,58 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 	default:
 		r.log.Info("counter reconciled", fields...)
 	}
+	return nil
+}
+
+// maxSeedMarks is how many target rows one seed may create before the
+// other counters of the target are marked dirty whole instead of key by
+// key.
+const maxSeedMarks = 10000
+
+// seedTargets gives every key of the create_missing counter sql with
+// counted source rows a target row when it has none (counter's
+// Resolved.Seed), so that the full run that follows measures it and sets
+// its column: without it a key whose source rows predate the counter (or
+// whose row the app deleted, or a TRUNCATE emptied) would get no row
+// until its rows change again. A row created so holds its declared
+// defaults and DEFAULTs in the target's other columns: the other counters
+// of the target are marked dirty for those keys in the same transaction
+// (the whole counter past maxSeedMarks), and their repair sets them.
+func (r *Reconciler) seedTargets(ctx context.Context, run *RunInfo, sql *counter.Resolved) error {
+	c := sql.Counter
+	tx, err := r.opt.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("counter %s: create missing target rows: %w", c.Name, err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	rows, err := tx.Query(ctx, sql.Seed, sql.FilterArgs...)
+	if err != nil {
+		return fmt.Errorf("counter %s: create missing target rows: %w", c.Name, err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("counter %s: create missing target rows: %w", c.Name, err)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	marks := keys
+	if len(keys) > maxSeedMarks {
+		marks = nil
+	}
+	cause := fmt.Sprintf("reconciliation of counter %s created target rows for keys with source rows and no row", c.Name)
+	for _, o := range r.opt.Counters {
+		if o.Name == c.Name || o.Target != c.Target || o.IsVia() {
+			continue
+		}
+		if err := state.MarkDirty(ctx, tx, r.opt.Slot, o.Name, marks, cause); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("counter %s: create missing target rows: %w", c.Name, err)
+	}
+	r.log.Info("target rows created", zap.Int64("run", run.ID), zap.String("counter", c.Name), zap.Int("rows", len(keys)))
 	return nil
 }
 

@@ -61,7 +61,7 @@ func TestLoadVia(t *testing.T) {
 		{"no column", base + "via: {table: posts, key: id}}\n", "counters[0] (k).via.column: required"},
 		{"column filtered", base + "via: {table: posts, key: id, column: creator_id, where: {creator_id: 3}}}\n", "via.where.creator_id: via.column is filtered already"},
 		{"bad filter", base + "via: {table: posts, key: id, column: creator_id, where: {deleted: {is: 1}}}}\n", "counters[0] (k).via.where.deleted: must be a value"},
-		{"max", base + "max: score, via: {table: posts, key: id, column: creator_id}}\n", "counters[0] (k).via: a max or min cannot go through a parent"},
+		{"max", base + "max: score, via: {table: posts, key: id, column: creator_id}}\n", "counters[0] (k).via: a max or min cannot go through a parent yet; a count or a sum can (see docs/configuration.md"},
 		{"walcount's schema", base + "via: {table: walcount.checkpoint, key: id, column: creator_id}}\n", "the walcount schema is walcount's own"},
 		{"long name", strings.Replace(base, "name: k", "name: "+strings.Repeat("k", 52), 1) + "via: {table: posts, key: id, column: creator_id}}\n", "a counter with via has a name of at most 51 bytes"},
 		{"unknown key", base + "via: {table: posts, key: id, column: creator_id, filter: {}}}\n", `unknown field "filter" in a counter's via`},
