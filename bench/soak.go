@@ -35,7 +35,8 @@ type soakSettings struct {
 	lockHold    time.Duration
 	bulk        int64
 	clients     int
-	out         string // directory of the CSV and the summary
+	faults      []string // the rotation; empty: soakFaults
+	out         string   // directory of the CSV and the summary
 }
 
 // The soak's app: posts of users, likes of posts, a site-wide row and a
@@ -151,6 +152,9 @@ func runSoak(ctx context.Context, b *bench, s soakSettings) error {
 		return err
 	}
 	stamp := time.Now().UTC().Format("2006-01-02T150405")
+	if len(s.faults) == 0 {
+		s.faults = soakFaults
+	}
 	k := &soak{b: b, s: s, started: time.Now()}
 	k.fault.Store("")
 	csvPath := filepath.Join(s.out, "soak-"+stamp+".csv")
@@ -272,7 +276,7 @@ func (k *soak) loop(ctx context.Context) error {
 		return err
 	}
 	for i := 0; time.Now().Before(end); i++ {
-		name := soakFaults[i%len(soakFaults)]
+		name := k.s.faults[i%len(k.s.faults)]
 		load := k.startLoad(ctx)
 		if err := pause(ctx, k.s.faultEvery/3); err != nil {
 			load.stop()

@@ -90,7 +90,7 @@ func (k *soak) sample(ctx context.Context, rdb redis.UniversalClient) {
 		}
 	}
 	var likes int64
-	if err := k.c.db.QueryRow(ctx, `SELECT reltuples::bigint FROM pg_class WHERE oid = 'likes'::regclass`).Scan(&likes); err == nil {
+	if err := k.c.db.QueryRow(ctx, `SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'likes'::regclass`).Scan(&likes); err == nil {
 		num("likes", likes)
 	}
 	if info, err := rdb.Info(ctx, "clients", "memory").Result(); err == nil {
@@ -227,7 +227,7 @@ func soakSummary(csvPath string, quiet []quietPoint, notes []string, s soakSetti
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "## The soak\n\n%s of churn (%d statements, %d failed: the servers' restarts) with a fault every %s in rotation (%s), %d clients, bulk inserts of %d rows, row locks held %s; samples every %s in `%s` (%.0f s of samples).\n\n",
-		took.Round(time.Second), ops, opErrs, s.faultEvery, strings.Join(soakFaults, ", "), s.clients, s.bulk, s.lockHold, s.sampleEvery, csvPath, span)
+		took.Round(time.Second), ops, opErrs, s.faultEvery, strings.Join(s.faults, ", "), s.clients, s.bulk, s.lockHold, s.sampleEvery, csvPath, span)
 	b.WriteString(seriesTable(series))
 	b.WriteString("\n| at | after | settled in | every counter exact | note |\n|---:|---|---:|---|---|\n")
 	for _, q := range quiet {
