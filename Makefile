@@ -3,7 +3,7 @@
 GO ?= go
 BIN = bin/walcount
 
-.PHONY: all build install image test-image release-snapshot test-release deps deps-demo deps-bench test test-matrix pg lint demo bench clean
+.PHONY: all build install image test-image release-snapshot test-release deps deps-demo deps-bench test test-matrix pg lint demo bench soak clean
 
 all: build
 
@@ -142,6 +142,16 @@ bench: deps-bench build
 	@quick=; if [ -n "$(QUICK)" ] && [ "$(QUICK)" != 0 ]; then quick=-quick; fi; \
 	echo "$(GO) run ./bench $$quick $(BENCH_FLAGS)"; \
 	$(GO) run ./bench $$quick $(BENCH_FLAGS)
+
+# soak runs mixed churn over every counter kind with a fault every few
+# minutes for SOAK_DURATION (default 1h; CI does not run it), sampling
+# walcount's and the servers' resources into bench/results/soak-*.csv and
+# checking every counter exact at each quiet point (docs/benchmarks.md, The
+# soak). More flags with SOAK_FLAGS (go run ./bench -h, -soak-*).
+SOAK_DURATION ?= 1h
+soak: deps-bench build
+	@echo "$(GO) run ./bench -soak $(SOAK_DURATION) $(SOAK_FLAGS)"; \
+	$(GO) run ./bench -soak $(SOAK_DURATION) $(SOAK_FLAGS)
 
 clean:
 	rm -rf bin

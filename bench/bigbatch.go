@@ -260,10 +260,7 @@ func waitBigExact(ctx context.Context, c *cluster, wc *walcountProc, n int64, co
 // (without a SIGKILL only), its pieces, and Redis's peak memory and
 // longest script.
 func bigFigures(ctx context.Context, c *cluster, wc *walcountProc, rdb redis.UniversalClient, res *bigResult) error {
-	if err := c.caughtUp(ctx, time.Minute); err != nil {
-		return err
-	}
-	if err := c.verify(ctx); err != nil {
+	if err := c.verifySettled(ctx); err != nil {
 		return err
 	}
 	if !res.killed {

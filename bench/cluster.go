@@ -182,7 +182,49 @@ func (c *cluster) caughtUp(ctx context.Context, within time.Duration) error {
 // errMismatch means a counter differs from COUNT(*).
 var errMismatch = errors.New("likes_count differs from COUNT(*)")
 
-// verify compares every post with COUNT(*).
+// settled waits, within at most, until walcount has applied everything
+// committed so far: W passes a mark, and walcount.carried is empty. A
+// passed mark is not enough: a flush that applies a big batch in pieces,
+// or that meets a locked row, moves W and carries the keys it did not
+// apply yet to the next flushes (design rule 2), so a count read at that
+// moment is off by exactly the carried deltas, and exact a moment later.
+func (c *cluster) settled(ctx context.Context, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	if err := c.caughtUp(ctx, within); err != nil {
+		return err
+	}
+	for {
+		n, err := c.carried(ctx)
+		if err == nil && n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for walcount.carried to drain (%d keys left): %w", n, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// carried returns the rows of walcount.carried.
+func (c *cluster) carried(ctx context.Context) (int64, error) {
+	var n int64
+	err := c.db.QueryRow(ctx, `SELECT count(*) FROM walcount.carried`).Scan(&n)
+	return n, err
+}
+
+// verifySettled waits until walcount has settled, then verifies.
+func (c *cluster) verifySettled(ctx context.Context) error {
+	if err := c.settled(ctx, time.Minute); err != nil {
+		return err
+	}
+	return c.verify(ctx)
+}
+
+// verify compares every post with COUNT(*). When posts are off it says
+// which (the first few, with both values) and how many of them
+// walcount.carried still holds, with their deltas.
 func (c *cluster) verify(ctx context.Context) error {
 	var bad, total int64
 	err := c.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE p.likes_count <> coalesce(l.n, 0)), count(*)
@@ -191,9 +233,57 @@ FROM posts p LEFT JOIN (SELECT post_id, count(*) AS n FROM likes GROUP BY post_i
 		return fmt.Errorf("verify: %w", err)
 	}
 	if bad > 0 {
-		return fmt.Errorf("verify: %d of %d posts: %w", bad, total, errMismatch)
+		return fmt.Errorf("verify: %d of %d posts off%s: %w", bad, total, c.offDiagnostic(ctx), errMismatch)
 	}
 	return nil
+}
+
+// offDiagnostic describes the posts that are off: the first ten, and how
+// many are carried (and whether their carried deltas are what they lack).
+func (c *cluster) offDiagnostic(ctx context.Context) string {
+	var (
+		first                 []string
+		carriedOff, explained int64
+		carriedAll, parkedAll int64
+	)
+	rows, err := c.db.Query(ctx, `WITH off AS (
+  SELECT p.id, p.likes_count, coalesce(l.n, 0) AS truth
+  FROM posts p LEFT JOIN (SELECT post_id, count(*) AS n FROM likes GROUP BY post_id) l ON l.post_id = p.id
+  WHERE p.likes_count <> coalesce(l.n, 0))
+SELECT off.id, off.likes_count, off.truth, cr.delta
+FROM off LEFT JOIN (SELECT key, sum(delta) AS delta FROM walcount.carried GROUP BY key) cr ON cr.key = off.id::text
+ORDER BY off.id`)
+	if err != nil {
+		return fmt.Sprintf(" (diagnostic: %v)", err)
+	}
+	for rows.Next() {
+		var id, cached, truth int64
+		var delta *int64
+		if err := rows.Scan(&id, &cached, &truth, &delta); err != nil {
+			rows.Close()
+			return fmt.Sprintf(" (diagnostic: %v)", err)
+		}
+		if len(first) < 10 {
+			d := "not carried"
+			if delta != nil {
+				d = fmt.Sprintf("carried %+d", *delta)
+			}
+			first = append(first, fmt.Sprintf("%d: %d, truth %d, %s", id, cached, truth, d))
+		}
+		if delta != nil {
+			carriedOff++
+			if cached+*delta == truth {
+				explained++
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Sprintf(" (diagnostic: %v)", err)
+	}
+	_ = c.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE parked_error IS NOT NULL) FROM walcount.carried`).Scan(&carriedAll, &parkedAll)
+	return fmt.Sprintf(" (%s; %d of them in walcount.carried, %d exactly by their carried delta; %d keys carried, %d parked)",
+		strings.Join(first, "; "), carriedOff, explained, carriedAll, parkedAll)
 }
 
 // postUpdates returns n_tup_upd of posts. Backends report their table

@@ -145,7 +145,9 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 // flushes and deltas, stops walcount, verifies the counts and counts the
 // UPDATEs on posts and the likes; then it logs the run.
 func freshTotals(ctx context.Context, b *bench, c *cluster, wc *walcountProc, res *freshResult, updates0 int64) error {
-	if err := c.caughtUp(ctx, 2*time.Minute); err != nil {
+	// Settled, not only caught up: walcount stops next, and keys carried
+	// to a next flush would stay off.
+	if err := c.settled(ctx, 2*time.Minute); err != nil {
 		return err
 	}
 	fams, err := wc.scrape(ctx)

@@ -72,7 +72,11 @@ type bench struct {
 	reconcileWalcountFlags []string
 	// reconcileWrite measures the write path during passes.
 	reconcileWrite bool
-	log            io.Writer
+	// reconcileConfig is a walcount config file for the reconcile
+	// section's daemon (its settings; its counters must be the default).
+	reconcileConfig string
+	soak            soakSettings
+	log             io.Writer
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -135,6 +139,7 @@ func main() {
 type benchFlags struct {
 	only, dataDir, rev string
 	keepLogs           bool
+	soakSummary        string // -soak-summary: summarize this soak CSV
 }
 
 // allSections are the sections, in the order they run.
@@ -187,6 +192,9 @@ func run() int {
 		if len(names) < len(allSections) {
 			r.only = strings.Join(names, "+")
 		}
+	}
+	if b.soak.duration > 0 || fl.soakSummary != "" {
+		return runSoakCommand(ctx, b, fl.soakSummary)
 	}
 	busy := startBusyMeter()
 	b.logf("walcount bench (%s) on %s", r.mode(), r.machine.summary())
@@ -244,6 +252,26 @@ func parseFlags() (*bench, benchFlags) {
 	var reconcileDebug bool
 	flag.BoolVar(&reconcileDebug, "reconcile-debug", false, "run the reconcile section's walcount at debug level and keep its log")
 	flag.BoolVar(&fl.keepLogs, "keep-logs", false, "keep every walcount's log (and a GODEBUG given to the bench is walcount's too) in a directory the bench names at its end")
+	flag.StringVar(&b.reconcileConfig, "reconcile-config", "", "a walcount config file for the reconcile section's daemon (settings such as flush_interval; the counters must be the default)")
+	flag.DurationVar(&b.soak.duration, "soak", 0, "run the soak for this long instead of the sections (make soak: 1h)")
+	flag.DurationVar(&b.soak.faultEvery, "soak-fault-every", 3*time.Minute, "the soak's period: load, a fault, load, a quiet point")
+	flag.DurationVar(&b.soak.sampleEvery, "soak-sample-every", 10*time.Second, "how often the soak samples its resources")
+	flag.DurationVar(&b.soak.settleLimit, "soak-settle", 5*time.Minute, "how long a quiet point waits for walcount to apply everything")
+	flag.DurationVar(&b.soak.lockHold, "soak-lock-hold", time.Minute, "how long the soak's row-lock fault holds its rows")
+	flag.Int64Var(&b.soak.bulk, "soak-bulk", 2_000_000, "rows of the soak's bulk insert fault")
+	flag.IntVar(&b.soak.clients, "soak-clients", 4, "the soak's churning clients (besides the one that deletes and re-creates posts)")
+	flag.StringVar(&b.soak.out, "soak-out", "bench/results", "where the soak writes soak-<time>.csv and .md")
+	flag.Func("soak-faults", "comma-separated faults of the soak's rotation (default all: "+strings.Join(soakFaults, ", ")+")", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			if !slices.Contains(soakFaults, f) {
+				return fmt.Errorf("unknown fault %q", f)
+			}
+			b.soak.faults = append(b.soak.faults, f)
+		}
+		return nil
+	})
+	flag.StringVar(&fl.soakSummary, "soak-summary", "", "summarize a soak CSV (one still being written too) and exit")
 	flag.Parse()
 	if reconcileDebug {
 		b.reconcileWalcountFlags = []string{"--log-level", "debug"}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,6 +104,9 @@ func runReconcile(ctx context.Context, b *bench) (*reconcileResult, error) {
 		posts = b.reconcilePosts
 		drift = max(1, min(drift, posts/1000))
 	}
+	if err := checkReconcileConfig(b.reconcileConfig); err != nil {
+		return nil, err
+	}
 	res := &reconcileResult{posts: posts, injected: drift, limit: reconcileLimitedRate}
 	c, err := newCluster(ctx, int(posts))
 	if err != nil {
@@ -139,10 +143,7 @@ func runReconcile(ctx context.Context, b *bench) (*reconcileResult, error) {
 	b.logf("  full pass: %s, %d keys (%.0f keys/s), %d drifted, %d corrected; %.2f× the truth computation",
 		res.pass.elapsed.Round(time.Millisecond), res.pass.checked, res.pass.keysPerSecond(), res.pass.drifted, res.pass.corrected,
 		res.pass.elapsed.Seconds()/res.truth.Seconds())
-	if err := c.caughtUp(ctx, time.Minute); err != nil {
-		return nil, err
-	}
-	if err := c.verify(ctx); err != nil {
+	if err := c.verifySettled(ctx); err != nil {
 		return nil, err
 	}
 	res.exact = true
@@ -158,6 +159,26 @@ func runReconcile(ctx context.Context, b *bench) (*reconcileResult, error) {
 		return res, nil
 	}
 	return measurePassWritePath(ctx, b, c, wc, res)
+}
+
+// checkReconcileConfig refuses a -reconcile-config file that the section
+// cannot measure: its table is the default counter's and its marks are
+// read on the default slot.
+func checkReconcileConfig(path string) error {
+	if path == "" {
+		return nil
+	}
+	cfg, err := config.Load(path, func(string) (string, bool) { return "", false }, config.Overrides{})
+	if err != nil {
+		return fmt.Errorf("-reconcile-config: %w", err)
+	}
+	if len(cfg.Counters) != 1 || !reflect.DeepEqual(cfg.Counters[0], counter.Default()) {
+		return fmt.Errorf("-reconcile-config %s: the section measures the default counter only; leave out counters", path)
+	}
+	if cfg.Slot != config.DefaultSlot {
+		return fmt.Errorf("-reconcile-config %s: the section reads the checkpoint of slot %q; leave out slot", path, config.DefaultSlot)
+	}
+	return nil
 }
 
 // buildReconciled builds the section's table, exact, and sets walcount up
@@ -184,7 +205,11 @@ func buildReconciled(ctx context.Context, b *bench, c *cluster, res *reconcileRe
 // has caught up; the func it returns stops it (and keeps its log, when
 // the section's walcount has flags of its own).
 func startReconcileWalcount(ctx context.Context, b *bench, c *cluster) (*walcountProc, func(), error) {
-	wc, err := startWalcount(b.bin, b.tmp, c, b.reconcileWalcountFlags...)
+	flags := b.reconcileWalcountFlags
+	if b.reconcileConfig != "" {
+		flags = append([]string{"--config", b.reconcileConfig}, flags...)
+	}
+	wc, err := startWalcount(b.bin, b.tmp, c, flags...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -303,10 +328,7 @@ func measurePassWritePath(ctx context.Context, b *bench, c *cluster, wc *walcoun
 		b.logf("  write path during a pass limited to %d keys/s: %.0f likes/s (%s)",
 			reconcileLimitedRate, res.writeLimited.rate(), res.passLimited.elapsed.Round(time.Millisecond))
 	}
-	if err := c.caughtUp(ctx, time.Minute); err != nil {
-		return nil, err
-	}
-	if err := c.verify(ctx); err != nil {
+	if err := c.verifySettled(ctx); err != nil {
 		res.exact = false
 		return res, err
 	}
@@ -334,10 +356,7 @@ func measureBackfill(ctx context.Context, b *bench, c *cluster, wc *walcountProc
 	if res.backfill.corrected != res.backfillOff {
 		return fmt.Errorf("%w: %d posts had likes and a count of 0, the pass corrected %d", errDriftMismatch, res.backfillOff, res.backfill.corrected)
 	}
-	if err := c.caughtUp(ctx, time.Minute); err != nil {
-		return err
-	}
-	return c.verify(ctx)
+	return c.verifySettled(ctx)
 }
 
 // buildReconcileData loads likes posts at random (uniform) and sets every

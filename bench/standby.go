@@ -358,7 +358,7 @@ func (r *standbyRun) walcountArm(ctx context.Context, name string, onStandby boo
 		return a, err
 	}
 	a.tps = res.tps()
-	if err := r.c.caughtUp(ctx, 5*time.Minute); err != nil {
+	if err := r.c.settled(ctx, 5*time.Minute); err != nil {
 		return a, err
 	}
 	u1, err := r.usage(ctx, w, senderDB)
