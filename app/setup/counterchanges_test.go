@@ -13,6 +13,7 @@ import (
 
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/app/daemon"
+	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/failpoint"
@@ -104,6 +105,7 @@ func preparedModel(managed bool) func(t *testing.T) (*pgx.Conn, *pgx.Conn, confi
 		wconn := r.walcountConn(t)
 		apply := func(t *testing.T, cfg config.Config) {
 			t.Helper()
+			checkSaysOwnerSteps(t, cfg)
 			var out bytes.Buffer
 			if _, err := setup.Run(ctx, wconn, setup.Options{Config: cfg, PrintSQL: true, Out: &out, FixReplicaIdentity: true}); err != nil {
 				t.Fatalf("setup --print-sql: %v", err)
@@ -114,6 +116,38 @@ func preparedModel(managed bool) func(t *testing.T) (*pgx.Conn, *pgx.Conn, confi
 			}
 		}
 		return r.ownerConn, r.super, cfg, apply
+	}
+}
+
+// checkSaysOwnerSteps: walcount check, run as walcount's role with the
+// edited configuration (and, as the command does, setup --print-sql's
+// statements for a fix that needs the owner), gives every publication
+// problem the owner's whole step: all the statements, walcount.messages
+// included, with who runs them.
+func checkSaysOwnerSteps(t *testing.T, cfg config.Config) {
+	t.Helper()
+	ctx := context.Background()
+	ownerSQL := func(ctx context.Context) (string, error) {
+		conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var out bytes.Buffer
+		_, err = setup.Run(ctx, conn, setup.Options{Config: cfg, PrintSQL: true, FixReplicaIdentity: true, Out: &out})
+		return out.String(), err
+	}
+	findings, err := preflight.Run(ctx, preflight.Options{Config: cfg, OwnerSQL: ownerSQL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range findings {
+		if f.Check != preflight.CheckPublication || f.Severity == preflight.OK {
+			continue
+		}
+		if !strings.Contains(f.Fix, "--print-sql") || !strings.Contains(f.Fix, `"walcount"."messages"`) || !strings.Contains(f.Fix, "then walcount setup") {
+			t.Errorf("check's publication fix is not the owner's whole step: %s — fix: %s", f.Message, f.Fix)
+		}
 	}
 }
 
