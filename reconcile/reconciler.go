@@ -157,6 +157,9 @@ type Reconciler struct {
 	// backfillDeferred is set when new counters waited for an unfinished
 	// run: their backfill is queued once no run is left unfinished.
 	backfillDeferred bool
+	// forgotten is set once the state of the counters no longer
+	// configured was deleted (forget). It belongs to Run's goroutine.
+	forgotten bool
 }
 
 // New returns a Reconciler. Its Recorder must be wired into the
@@ -319,6 +322,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.mu.Lock()
 	r.ready = true
 	r.mu.Unlock()
+	if r.streaming() {
+		r.forget(ctx)
+	}
 	if r.opt.Backfill {
 		if err := r.backfill(ctx); err != nil && ctx.Err() == nil {
 			r.log.Error("backfill failed", zap.Error(err))
@@ -336,6 +342,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 	}()
 	for {
+		if r.streaming() && !r.forgotten && r.forget(ctx) && r.opt.Backfill {
+			// A counter added back had a backfill record until now.
+			if err := r.backfill(ctx); err != nil && ctx.Err() == nil {
+				r.log.Error("backfill failed", zap.Error(err))
+			}
+		}
 		if r.streaming() && r.backfillHidden {
 			if err := r.retryBackfill(ctx); err != nil && ctx.Err() == nil {
 				r.log.Warn("cannot queue the backfill again", zap.Error(err))
@@ -504,6 +516,29 @@ func (r *Reconciler) counter(name string) (counter.Counter, bool) {
 		}
 	}
 	return counter.Counter{}, false
+}
+
+// forget deletes what the slot keeps for counters that left the
+// configuration (state.Runs.Forget), once, before their backfill records
+// could make a counter added back look backfilled. Only the daemon that
+// streams forgets: a standby started with a new configuration must not
+// delete the carried deltas of counters the active daemon still keeps.
+// It reports whether it forgot a backfill record the backfill that ran
+// before it may have read.
+func (r *Reconciler) forget(ctx context.Context) bool {
+	forgot, err := r.runs.Forget(ctx, r.opt.Pool, r.names())
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("cannot forget the counters removed from the configuration; trying again", zap.Error(err))
+		}
+		return false
+	}
+	r.forgotten = true
+	if len(forgot) > 0 {
+		r.log.Info("forgot the state of counters removed from the configuration (backfill records, dirty marks, partitions, carried deltas)",
+			zap.Strings("counters", forgot))
+	}
+	return len(forgot) > 0
 }
 
 // backfill reconciles the counters that are new or changed, so adding

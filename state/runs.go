@@ -232,3 +232,39 @@ ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, ba
 	}
 	return nil
 }
+
+// Forget deletes what the slot keeps for counters that are not in kept
+// (the configured ones, generated counters included): their backfill
+// records, dirty marks, saved partitions and carried deltas, and returns
+// the names it forgot. A removed counter's column is nobody's any more,
+// so its carried deltas have nowhere to go; and a record of its backfill
+// would make a counter of that name added again later (whose column
+// changed meanwhile without walcount) look backfilled already. It runs
+// in one transaction that holds the slot's checkpoint row, as a flush
+// does, so that no flush writes carried deltas in between.
+func (s Runs) Forget(ctx context.Context, db Beginner, kept []string) ([]string, error) {
+	if kept == nil {
+		kept = []string{}
+	}
+	var forgot []string
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM walcount.checkpoint WHERE slot_name = $1 FOR UPDATE`, s.slot); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+WITH c AS (DELETE FROM walcount.counters WHERE slot_name = $1 AND name <> ALL ($2) RETURNING name),
+     d AS (DELETE FROM walcount.dirty WHERE slot_name = $1 AND counter <> ALL ($2) RETURNING counter),
+     p AS (DELETE FROM walcount.partitions WHERE slot_name = $1 AND counter <> ALL ($2) RETURNING counter),
+     k AS (DELETE FROM walcount.carried WHERE slot_name = $1 AND counter <> ALL ($2) RETURNING counter)
+SELECT name FROM c UNION SELECT counter FROM d UNION SELECT counter FROM p UNION SELECT counter FROM k ORDER BY 1`, s.slot, kept)
+		if err != nil {
+			return err
+		}
+		forgot, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("forget the counters removed from the configuration: %w", err)
+	}
+	return forgot, nil
+}

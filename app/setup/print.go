@@ -177,6 +177,22 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 		}
 	}
 
+	// The via tables of counters removed from the configuration.
+	drop := &statements{conn: conn, print: true, res: &Result{}}
+	if err := drop.dropRemovedVia(ctx, conn, cfg.Slot, cfg.Counters); err != nil {
+		return err
+	}
+	if len(drop.res.Statements) > 0 {
+		p.blank()
+		p.comment("The via tables of counters through a parent that are no longer configured: nothing reads\n" +
+			"them any more (walcount setup drops them itself when run as their owner).\n" +
+			"Needs: ownership of the tables, or membership in their owner (walcount's role).")
+		for _, stmt := range drop.res.Statements {
+			p.stmt(stmt)
+		}
+		res.DroppedVia = drop.res.DroppedVia
+	}
+
 	// 4. The publication.
 	p.blank()
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()

@@ -85,6 +85,9 @@ type Result struct {
 	// StaleSlot, when set, says why the existing slot was not adopted
 	// but dropped and created anew (see publication.SlotSees).
 	StaleSlot string
+	// DroppedVia lists the via tables of counters no longer configured
+	// that setup dropped (or, printing, printed the DROP of).
+	DroppedVia []string
 }
 
 // Sources returns the distinct source tables of the counters, sorted, as
@@ -261,6 +264,9 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 	if err != nil {
 		return err
 	}
+	if err := s.dropRemovedVia(ctx, q, cfg.Slot, cfg.Counters); err != nil {
+		return err
+	}
 
 	if opt.FixReplicaIdentity {
 		fixed, err := s.fixIdentity(ctx, cfg.Counters)
@@ -398,6 +404,47 @@ func (s *statements) viaTables(ctx context.Context, q counter.Querier, counters 
 		vias[counter.ViaTable(c.Through.Counter)] = true
 	}
 	return vias, nil
+}
+
+// dropRemovedVia drops the via tables of the counters through a parent
+// that slot kept (walcount.owners names their columns) and that are no
+// longer configured: nothing reads them any more, and a counter of that
+// name added back gets a new one, seeded and backfilled. DROP TABLE takes
+// the table out of the publication too.
+func (s *statements) dropRemovedVia(ctx context.Context, q counter.Querier, slot string, counters []counter.Counter) error {
+	configured := map[string]bool{}
+	for _, c := range counters {
+		if c.Through != nil {
+			configured[counter.ViaTable(c.Through.Counter)] = true
+		}
+	}
+	var kept bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('walcount.owners') IS NOT NULL`).Scan(&kept); err != nil {
+		return fmt.Errorf("read the via tables of slot %s: %w", slot, err)
+	}
+	if !kept {
+		return nil // no state schema yet (printed): nothing was kept
+	}
+	rows, err := q.Query(ctx, `SELECT DISTINCT target_table FROM walcount.owners
+WHERE slot_name = $1 AND target_table LIKE $2 AND to_regclass(target_table) IS NOT NULL ORDER BY 1`, slot, counter.ViaSchema+".via\\_%")
+	var tables []string
+	if err == nil {
+		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return fmt.Errorf("read the via tables of slot %s: %w", slot, err)
+	}
+	for _, table := range tables {
+		if configured[table] {
+			continue
+		}
+		schema, name := counter.SplitTable(table)
+		if err := s.exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{schema, name}.Sanitize()); err != nil {
+			return fmt.Errorf("drop the via table of a counter removed from the configuration (walcount setup --print-sql prints it for the table's owner): %w", err)
+		}
+		s.res.DroppedVia = append(s.res.DroppedVia, table)
+	}
+	return nil
 }
 
 // slot creates the slot (last: PostgreSQL creates a logical slot only in a

@@ -80,6 +80,9 @@ func newSetupCmd(g *globalFlags) *cobra.Command {
 			for _, t := range res.FixedIdentityTable {
 				fmt.Fprintf(out, "set REPLICA IDENTITY FULL on %s\n", t)
 			}
+			for _, t := range res.DroppedVia {
+				fmt.Fprintf(out, "dropped %s: its counter is no longer configured\n", t)
+			}
 			if res.StaleSlot != "" {
 				fmt.Fprintf(out, "did not adopt the existing slot: %s\n", res.StaleSlot)
 				fmt.Fprintf(out, "dropped replication slot %q and created it anew at %s\n", cfg.Slot, res.CheckpointLSN)
