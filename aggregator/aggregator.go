@@ -223,6 +223,11 @@ type Aggregator struct {
 	// stray maps the append_only counters whose source this transaction
 	// updated or deleted from to the source's name.
 	stray map[string]string
+	// quiet holds the counters this transaction's changes are no deltas
+	// of: a trusted quiet message of this slot named them (a backfill's
+	// corrections written into a via table, whose level above is
+	// backfilled after them; see cdc.QuietMessage).
+	quiet map[string]bool
 
 	// Pending batch: committed transactions not yet in Redis.
 	pending      deltaSet
@@ -266,6 +271,7 @@ func New(opt Options) *Aggregator {
 		truncated: make(map[string]bool),
 		seeded:    make(map[string]bool),
 		stray:     make(map[string]string),
+		quiet:     make(map[string]bool),
 		pending:   newDeltaSet(),
 	}
 }
@@ -349,6 +355,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		clear(a.truncated)
 		clear(a.seeded)
 		clear(a.stray)
+		clear(a.quiet)
 		a.ownFlush = false
 		a.lc.resetTxn()
 	case cdc.KindChange:
@@ -408,6 +415,14 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 		if ok, err := a.flushSeen(ev.Content, ev.LSN); ok || err != nil {
 			return err
 		}
+		if slot, names, ok := cdc.ParseQuiet(ev.Content); ok {
+			if slot == a.opt.Slot {
+				for _, n := range names {
+					a.quiet[n] = true
+				}
+			}
+			return nil
+		}
 		if a.opt.Messages == nil {
 			return nil
 		}
@@ -431,7 +446,7 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 
 // actingTags are the members by which a message would act on counts, the
 // flush, the lifecycle handling or a reconciliation; a heartbeat has none.
-var actingTags = [][]byte{[]byte(`"flush"`), []byte(`"reconcile"`), []byte(`"correct"`)}
+var actingTags = [][]byte{[]byte(`"flush"`), []byte(`"reconcile"`), []byte(`"correct"`), []byte(`"quiet":`)}
 
 // untrusted handles a message in walcount's form that any role could have
 // emitted: one that would act is a forgery, counted and logged once per
@@ -510,6 +525,9 @@ func (a *Aggregator) change(ev *cdc.Event) error {
 	}
 	for i := range rules {
 		r := &rules[i]
+		if len(a.quiet) > 0 && a.quiet[r.counter] {
+			continue // walcount's own correction of a level below (cdc.QuietMessage)
+		}
 		r.changed[ev.Op].Inc()
 		r.tallied[ev.Op].Add(1)
 		if r.appendOnly && ev.Op != cdc.OpInsert {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
@@ -460,3 +461,37 @@ func (f degradedMarks) Degraded(c string, degraded bool, why string) error {
 	return f(c, degraded, why)
 }
 func (f degradedMarks) Sync(context.Context) error { return nil }
+
+// TestQuietTransaction: a trusted quiet message of this slot makes the
+// rest of its transaction count nothing for the counters it names (a
+// backfill's corrections of a via table); one of another slot, or one
+// any role could have emitted (a forgery, counted as such), changes
+// nothing, and the next transaction counts again.
+func TestQuietTransaction(t *testing.T) {
+	ctx := context.Background()
+	buf := &recordingBuffer{}
+	a := New(Options{Slot: "s", Counters: []counter.Counter{countAll}, Buffer: buf, Start: 0x10})
+	quiet := func(slot string, trusted bool) cdc.Event {
+		return cdc.Event{Kind: cdc.KindMessage, Prefix: cdc.MessagePrefix, Trusted: trusted,
+			Content: []byte(cdc.QuietMessage(slot, []string{countAll.Name}))}
+	}
+	var evs []cdc.Event
+	evs = append(evs, txn(1, 0x20, 0x30, quiet("s", true), ins("1"), ins("2"))...) // quiet
+	evs = append(evs, txn(2, 0x40, 0x50, ins("1"))...)                             // counted again
+	evs = append(evs, txn(3, 0x60, 0x70, quiet("other", true), ins("3"))...)       // another slot's
+	evs = append(evs, txn(4, 0x80, 0x90, quiet("s", false), ins("4"))...)          // forged
+	if err := a.Process(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{countAll.Name + ":1": 1, countAll.Name + ":3": 1, countAll.Name + ":4": 1}
+	if len(buf.batches) != 1 || !maps.Equal(buf.batches[0].deltas, want) {
+		t.Fatalf("batches %+v, want one with %v", buf.batches, want)
+	}
+	var m dto.Metric
+	if err := a.opt.Metrics.ForgedMessages.Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Fatalf("forged messages %v (%v), want 1", m.GetCounter().GetValue(), err)
+	}
+}

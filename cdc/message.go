@@ -124,3 +124,35 @@ func ParseFlushMarker(content []byte) (slot string, upto LSN, ok bool) {
 	}
 	return m.Slot, upto, true
 }
+
+// quietMessage is the content of the message that opens a transaction of
+// a backfill's corrections written straight into a via table
+// (reconcile's correctVia): the changes of that transaction are not
+// deltas of the counters it names, the levels above the via table, whose
+// own backfill comes after and counts the via rows as they are then.
+type quietMessage struct {
+	Quiet []string `json:"quiet"`
+	Slot  string   `json:"slot"`
+}
+
+var quietTag = []byte(`"quiet":`)
+
+// QuietMessage returns the content of the message that makes the rest of
+// its transaction count nothing for counters of slot.
+func QuietMessage(slot string, counters []string) string {
+	b, _ := json.Marshal(quietMessage{Quiet: counters, Slot: slot})
+	return string(b)
+}
+
+// ParseQuiet parses QuietMessage's content; ok is false for any other
+// message.
+func ParseQuiet(content []byte) (slot string, counters []string, ok bool) {
+	if !bytes.Contains(content, quietTag) {
+		return "", nil, false
+	}
+	var m quietMessage
+	if err := json.Unmarshal(content, &m); err != nil || m.Quiet == nil {
+		return "", nil, false
+	}
+	return m.Slot, m.Quiet, true
+}

@@ -196,6 +196,12 @@ type Resolved struct {
 	// update, each with whether a row has it (present) and whether the
 	// statement locked that row (see buildSQL).
 	Flush string
+	// Correct adds corrections, $1 keys (text[]) and $2 deltas (bigint[]),
+	// to the rows that have the keys, waiting for their row locks, and
+	// returns the keys (of $1) that have no row. Only for walcount's own
+	// tables (a backfill's corrections of a via table, which no app
+	// transaction locks; reconcile's correctVia).
+	Correct string
 	// Reset zeroes the column (a TRUNCATE of the source) of the rows it
 	// can lock at once, and returns (key, column in delta units) of the
 	// rows another transaction holds.

@@ -40,6 +40,9 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, c
 	if c.CreateMissing {
 		r.Flush = createFlush(r, tgt, tkey)
 	}
+	r.Correct = fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%[1]s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
+hit AS (UPDATE %[2]s AS t SET %[3]s = t.%[3]s + %[4]s FROM d WHERE t.%[5]s = d.id RETURNING d.k)
+SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, deltaExpr(r.Scale), tkeyID)
 
 	value := "count(*)"
 	if c.Sum != "" {

@@ -555,6 +555,7 @@ func (r *Reconciler) backfill(ctx context.Context) error {
 		return err
 	}
 	r.backfillDeferred = false
+	names = BackfillOrder(r.opt.Counters, names)
 	r.log.Info("backfilling new counters", zap.Strings("counters", names))
 	if _, err := r.runs.Create(ctx, state.KindBackfill, names, false, r.opt.BatchSize); err != nil {
 		return err
@@ -767,8 +768,9 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 	if err != nil {
 		return err
 	}
+	io := &reconcilerIO{r: r, sql: sql, quiet: quietAbove(run, c)}
 	p := &pass{
-		io:      &reconcilerIO{r: r, sql: sql},
+		io:      io,
 		log:     r.log,
 		counter: c.Name,
 		dry:     run.DryRun,
@@ -875,6 +877,10 @@ func (r *Reconciler) seedTargets(ctx context.Context, run *RunInfo, sql *counter
 type reconcilerIO struct {
 	r   *Reconciler
 	sql *counter.Resolved
+	// quiet names the level above a via counter that this backfill
+	// measures after it: the via counter's corrections are then written
+	// into the via table quietly (correctVia).
+	quiet string
 }
 
 var _ passIO = (*reconcilerIO)(nil)
@@ -884,6 +890,9 @@ func (io *reconcilerIO) measure(ctx context.Context, rq *roundRequest) (roundRes
 }
 
 func (io *reconcilerIO) emit(ctx context.Context, drift []KeyDrift) (cdc.LSN, error) {
+	if io.quiet != "" {
+		return io.r.correctVia(ctx, io.sql, io.quiet, drift)
+	}
 	return io.r.emitCorrections(ctx, drift)
 }
 
@@ -968,6 +977,67 @@ func (r *Reconciler) emitCorrections(ctx context.Context, drift []KeyDrift) (cdc
 	}
 	// The messages' transactions end before the server's insert position
 	// read after they committed.
+	var end cdc.LSN
+	if err := r.opt.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end); err != nil {
+		return 0, fmt.Errorf("read the position of the corrections: %w", err)
+	}
+	return end, nil
+}
+
+// correctVia writes a backfill's corrections of a via counter straight
+// into its via table, in transactions that each open with a trusted quiet
+// message naming top, the level above (cdc.QuietMessage): the aggregator
+// counts nothing of their changes for top. top was counted before
+// walcount (an app's triggers kept it exact, which its via table was not
+// yet), so carrying these corrections up as deltas would count them twice,
+// and measuring top before them would "correct" it against a via table
+// not filled yet; its own backfill comes after and measures it against
+// the via rows as they are then (docs/design.md §5, "Backfill order").
+// The corrections are in the via table once their transaction commits;
+// a key whose via row is gone (collected meanwhile) is corrected through
+// the WAL instead, as emitCorrections does. It returns a position past
+// the transactions, as emitCorrections does.
+func (r *Reconciler) correctVia(ctx context.Context, sql *counter.Resolved, top string, drift []KeyDrift) (cdc.LSN, error) {
+	quiet := cdc.QuietMessage(r.opt.Slot, []string{top})
+	for chunk := range slices.Chunk(drift, maxCorrectionsPerMessage) {
+		keys := make([]string, len(chunk))
+		deltas := make([]int64, len(chunk))
+		for i, d := range chunk {
+			keys[i], deltas[i] = d.Key, d.Correction
+		}
+		err := pgx.BeginFunc(ctx, r.opt.Pool, func(tx pgx.Tx) error {
+			// The message first: the aggregator reads it before the
+			// changes it covers.
+			if err := cdc.PostMessage(ctx, tx, quiet); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, sql.Correct, keys, deltas)
+			if err != nil {
+				return err
+			}
+			missed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil || len(missed) == 0 {
+				return err
+			}
+			c := correction{Correct: make(map[string]int64, len(missed)), Slot: r.opt.Slot}
+			for _, d := range chunk {
+				if slices.Contains(missed, d.Key) {
+					c.Correct[counter.Field(d.Counter, d.Key)] = d.Correction
+				}
+			}
+			content, err := json.Marshal(c)
+			if err != nil {
+				return err
+			}
+			return cdc.PostMessage(ctx, tx, string(content))
+		})
+		if err != nil {
+			return 0, fmt.Errorf("correct via table of %s: %w", top, err)
+		}
+		if err := r.opt.Failpoints.Inject(failpoint.AfterCorrection); err != nil {
+			return 0, err
+		}
+	}
 	var end cdc.LSN
 	if err := r.opt.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end); err != nil {
 		return 0, fmt.Errorf("read the position of the corrections: %w", err)
