@@ -25,7 +25,8 @@ const (
 	AliveInterval = 5 * time.Second
 	// AliveStale is how long after its last stamp a chain of another
 	// system is taken for abandoned (that cluster replaced, upgraded with
-	// pg_upgrade, or gone) and may be reset.
+	// pg_upgrade, or gone) and may be reset. A walcount that stops cleanly
+	// removes its stamp (MarkStopped): its chain may be reset at once.
 	AliveStale = 30 * time.Second
 )
 
@@ -47,8 +48,8 @@ func (e *OtherDeploymentError) Error() string {
 	return fmt.Sprintf("the Redis keys of slot %q are kept by the walcount of another PostgreSQL cluster "+
 		"(system identifier %s, last seen %s ago; this server's is %s): two deployments share this Redis with the same slot name, "+
 		"and each would reset the other's buffer. Fix: give this deployment a slot name of its own (slot, --slot or WALCOUNT_SLOT, "+
-		"then walcount setup) or a Redis database of its own (redis_url redis://host:6379/N); if that other cluster is gone for good, "+
-		"wait %s after its walcount stopped, or delete its keys (DEL %s)",
+		"then walcount setup) or a Redis database of its own (redis_url redis://host:6379/N); if that other cluster is gone for good "+
+		"(this cluster's former self, before a pg_upgrade or a restore from a backup, included), wait %s after its walcount stopped, or delete its keys (DEL %s)",
 		e.Slot, e.Theirs, e.Age.Round(time.Second), e.Ours, AliveStale, strings.Join(keys.All(), " "))
 }
 
@@ -81,6 +82,28 @@ func (b *Redis) MarkAlive(ctx context.Context, sys string, now time.Time) (bool,
 		return false, fmt.Errorf("stamp redis buffer: %w", err)
 	}
 	return n == 1, nil
+}
+
+// stoppedScript removes the stamp of the meta hash when its chain was
+// written against system ARGV[1].
+var stoppedScript = redis.NewScript(`
+local hist = redis.call('HGET', KEYS[1], 'hist')
+if not hist then return 0 end
+local sys = string.match(hist, '^[^/]*')
+if sys ~= ARGV[1] then return 0 end
+return redis.call('HDEL', KEYS[1], 'alive')
+`)
+
+// MarkStopped removes the stamp of a chain of system sys: its walcount
+// stopped cleanly, so no walcount keeps it any more, and the walcount of
+// another system (this cluster after pg_upgrade, or restored from a
+// backup) may take it over at once instead of AliveStale later. A walcount
+// of this system that starts again stamps it anew.
+func (b *Redis) MarkStopped(ctx context.Context, sys string) error {
+	if err := stoppedScript.Run(ctx, b.rdb, []string{b.keys.Meta}, sys).Err(); err != nil {
+		return fmt.Errorf("unstamp redis buffer: %w", err)
+	}
+	return nil
 }
 
 // CheckOwner fails with an *OtherDeploymentError when the chain in Redis

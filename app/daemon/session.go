@@ -44,6 +44,7 @@ func (d *Daemon) session(ctx context.Context) error {
 		return cause // a simulated crash: no final flush
 	}
 	s.finalFlush(ctx)
+	s.unstampBuffer(ctx)
 	return nil
 }
 
@@ -351,6 +352,19 @@ func (s *liveSession) finalFlush(ctx context.Context) {
 		return
 	}
 	d.log.Info("final flush done", zap.String("checkpoint", s.flusher.W().String()))
+}
+
+// unstampBuffer removes the chain's stamp at a clean stop, so that a
+// walcount of another system identifier (this cluster after pg_upgrade)
+// need not wait buffer.AliveStale for it (docs/upgrade.md). A failure
+// only costs that wait.
+func (s *liveSession) unstampBuffer(ctx context.Context) {
+	d := s.d
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sampleTimeout)
+	defer cancel()
+	if err := d.buf.MarkStopped(uctx, buffer.System(s.stream.History())); err != nil {
+		d.log.Warn("could not remove the redis buffer's stamp; a walcount of another system identifier waits for it to age", zap.Error(err))
+	}
 }
 
 // recover makes Redis continue W (docs/design.md §4): a missing chain, or one

@@ -31,7 +31,7 @@ func (r *run) checkSharedBuffer(ctx context.Context, client redis.UniversalClien
 			"(system identifier %s, last seen %s ago; this server's is %s): two deployments share this Redis and slot name, and each would reset the other's buffer",
 			r.cfg.Slot, other.Theirs, other.Age.Round(time.Second), other.Ours),
 			fmt.Sprintf("give this deployment its own slot name (--slot, WALCOUNT_SLOT or slot, then walcount setup) or its own Redis database "+
-				"(redis_url redis://host:6379/N); if that cluster is gone for good, wait %s after its walcount stopped", buffer.AliveStale))
+				"(redis_url redis://host:6379/N); if that cluster is gone for good (this cluster before a pg_upgrade or a restore included), wait %s after its walcount stopped (a walcount stopped cleanly leaves no wait)", buffer.AliveStale))
 	case err != nil:
 		r.problem(CheckRedisShared, fmt.Sprintf("cannot read the owner of the Redis buffer: %v", err), "")
 	default:

@@ -92,6 +92,9 @@ type PostgresOptions struct {
 	// every cluster copied from the template shares the template's, as
 	// standbys of one primary do. It costs an initdb (a second or two).
 	OwnSystem bool
+	// BinDir holds the binaries to run (initdb, postgres, pg_ctl). ""
+	// means those SelectPostgres selects.
+	BinDir string
 }
 
 // DefaultPostgresSettings returns the settings every cluster starts with,
@@ -148,6 +151,9 @@ func StartPostgres(ctx context.Context, opt PostgresOptions) (_ *Postgres, err e
 		settings[k] = v
 	}
 	bin, err := SelectPostgres()
+	if opt.BinDir != "" {
+		bin, err = describeBin(opt.BinDir, "")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
