@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/testkit/servers"
@@ -328,5 +330,81 @@ func waitCheckpointPast(t *testing.T, e *env, lsn cdc.LSN, within time.Duration)
 		return err == nil && w > lsn
 	}) {
 		t.Fatalf("the checkpoint did not pass %s within %s (at %s, %v)", lsn, within, w, err)
+	}
+}
+
+// TestRedisMove moves a running deployment from a single Redis server to
+// a Cluster or to Sentinel, as docs/upgrade.md says: walcount stopped,
+// redis_url changed, walcount started. The new Redis is empty, so walcount
+// replays from its checkpoint W what the old buffer held. In the crash
+// variant walcount dies (a simulated kill -9) with deltas applied to the
+// old Redis and not flushed: they must not be lost, nor counted twice.
+func TestRedisMove(t *testing.T) {
+	t.Parallel()
+	topologies := []struct {
+		name string
+		url  func(t *testing.T) string
+	}{
+		{"cluster", func(t *testing.T) string {
+			user := walcountUser(t, "redis+cluster://h:1")
+			return testenv.RedisCluster(t, servers.RedisClusterOptions{Masters: 3, Users: []servers.RedisUser{user}}).URL()
+		}},
+		{"sentinel", func(t *testing.T) string {
+			user := walcountUser(t, "redis+sentinel://h:1/walcount")
+			return testenv.RedisSentinel(t, servers.RedisSentinelOptions{MasterName: "walcount", Replicas: 1, Sentinels: 3,
+				Users: []servers.RedisUser{user}, SentinelPassword: "sentinel-pw"}).URL()
+		}},
+	}
+	for _, topo := range topologies {
+		for _, crash := range []bool{false, true} {
+			name := topo.name + "/stopped"
+			if crash {
+				name = topo.name + "/killed"
+			}
+			topo, crash := topo, crash
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t)
+				ctx := context.Background()
+				w := newWorkload(e.db)
+				if crash {
+					// Crash once deltas are applied to the old Redis,
+					// before their flush.
+					fp := &failpoint.Set{}
+					disarm := fp.CrashAfter(failpoint.AfterApply, 5)
+					d := e.start(func(o *Options) { o.Failpoints = fp })
+					loadCtx, stopLoad := context.WithCancel(ctx)
+					loadDone := make(chan struct{})
+					go func() { defer close(loadDone); w.run(loadCtx, 3, 300) }()
+					if err := d.wait(t, 2*time.Minute); !errors.Is(err, failpoint.ErrCrash) {
+						t.Fatalf("daemon returned %v, want the simulated crash", err)
+					}
+					disarm()
+					stopLoad()
+					<-loadDone
+					if pending, err := e.rdb().Keys(ctx, "walcount:*").Result(); err != nil || len(pending) == 0 {
+						t.Fatalf("the old Redis holds %v (%v); want the crashed walcount's buffer", pending, err)
+					}
+				} else {
+					d := e.start()
+					w.run(ctx, 3, 300)
+					e.waitCaughtUp(catchUp)
+					if err := d.stop(t); err != nil {
+						t.Fatal(err)
+					}
+				}
+				w.report(t)
+				// Writes while walcount is down, then the new Redis.
+				newWorkload(e.db).run(ctx, 2, 50)
+				e.cfg.RedisURL = topo.url(t)
+				d2 := e.start()
+				newWorkload(e.db).run(ctx, 2, 50)
+				e.waitCaughtUp(catchUp)
+				e.assertExact()
+				if err := d2.stop(t); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
 	}
 }
