@@ -169,6 +169,10 @@ func gate(ctx context.Context, cfg config.Config, opt Options) ([]preflight.Find
 		case f.Severity == preflight.Warning:
 			warnings = append(warnings, f)
 		case f.Severity != preflight.Problem, f.Cause == preflight.CauseSetup:
+		case f.Check == preflight.CheckOtherWriters:
+			// The app's own triggers go after setup and before run
+			// (docs/cutover.md): setup says so, run refuses.
+			warnings = append(warnings, f)
 		case f.Check == preflight.CheckReplicaIdentity && opt.FixReplicaIdentity:
 		case f.Check == preflight.CheckSlot && opt.RecreateSlot:
 		case f.Check == preflight.CheckReplicaIdentity && strings.Contains(f.Fix, "REPLICA IDENTITY FULL"):
