@@ -259,7 +259,31 @@ func (e *env) moreLikesThenExact() {
 }
 
 // assertExact fails unless every post's likes_count equals its COUNT(*).
+// The checkpoint passing the writes does not mean every delta is in a
+// column: pieces of a big batch, and keys deferred behind a lock, wait in
+// walcount.carried past W. Posts off while keys are carried are checked
+// again once walcount.carried has drained (the bench and the soak found
+// this race in their own checks); what is off then fails.
 func (e *env) assertExact() {
+	e.t.Helper()
+	bad := e.offPosts()
+	if len(bad) > 0 && len(e.carried()) > 0 {
+		drained := wait.Until(catchUp, 50*time.Millisecond, func() bool { return len(e.carried()) == 0 })
+		e.t.Logf("%d posts off while %d keys were carried; drained: %v", len(bad), len(e.carried()), drained)
+		bad = e.offPosts()
+	}
+	if len(bad) > 0 {
+		e.t.Fatalf("%d posts are off (%d keys carried):\n%v", len(bad), len(e.carried()), bad)
+	}
+	var total int64
+	if err := e.db.QueryRow(context.Background(), "SELECT count(*) FROM likes").Scan(&total); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Logf("all posts exact (%d likes)", total)
+}
+
+// offPosts lists the posts whose likes_count is not their COUNT(*).
+func (e *env) offPosts() []string {
 	e.t.Helper()
 	rows, err := e.db.Query(context.Background(), `
 SELECT p.id, p.likes_count, count(l.id)
@@ -282,12 +306,5 @@ ORDER BY p.id`)
 	if err := rows.Err(); err != nil {
 		e.t.Fatal(err)
 	}
-	if len(bad) > 0 {
-		e.t.Fatalf("%d posts are off:\n%v", len(bad), bad)
-	}
-	var total int64
-	if err := e.db.QueryRow(context.Background(), "SELECT count(*) FROM likes").Scan(&total); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Logf("all posts exact (%d likes)", total)
+	return bad
 }
