@@ -197,26 +197,7 @@ func testAdopt(t *testing.T, kill bool) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	last := killTwiceUnderLoad(t, env, addr, func(ctx context.Context, rng *rand.Rand) error {
-		post := 1 + rng.Int64N(120)
-		pick := "(SELECT id FROM votes WHERE post_id = $1 ORDER BY random() LIMIT 1)"
-		var err error
-		switch k := rng.IntN(20); {
-		case k < 8:
-			_, err = pool.Exec(ctx, "INSERT INTO votes (post_id, score) VALUES ($1, $2)", post, rng.IntN(3)-1)
-		case k < 11:
-			_, err = pool.Exec(ctx, "DELETE FROM votes WHERE id = "+pick, post)
-		case k < 14:
-			_, err = pool.Exec(ctx, "UPDATE votes SET score = $2 WHERE id = "+pick, post, rng.IntN(3)-1)
-		case k < 16:
-			_, err = pool.Exec(ctx, "UPDATE votes SET post_id = $2 WHERE id = "+pick, post, 1+rng.Int64N(120))
-		case k < 18:
-			_, err = pool.Exec(ctx, "UPDATE posts SET user_id = $2, community_id = $3 WHERE id = $1", post, 1+rng.Int64N(20), 1+rng.Int64N(5))
-		default:
-			_, err = pool.Exec(ctx, "UPDATE posts SET deleted = NOT deleted WHERE id = $1", post)
-		}
-		return err
-	})
+	last := killTwiceUnderLoad(t, env, addr, adoptChurn(pool, false))
 	c.settlesExact("SELECT count(*) FROM ("+adoptOff+") o", "cells")
 	t.Logf("exact after the churn and two SIGKILLs: %d votes", c.count("SELECT count(*) FROM votes"))
 	if code := last.stop(); code != exitOK {
