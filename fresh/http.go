@@ -167,7 +167,11 @@ func (r *Reader) serve(w http.ResponseWriter, req *http.Request, name string, ke
 		return snap, true
 	}
 	var nr *NotReachedError
+	var ne *NotExactError
 	switch {
+	case errors.As(err, &ne):
+		r.opt.Metrics.FreshReads.WithLabelValues(metrics.ResultError).Inc()
+		writeJSON(w, http.StatusUnprocessableEntity, errBody{Error: fmt.Sprintf("fresh reads of %s counters are not exact yet; read the column", ne.Kind)})
 	case errors.As(err, &nr):
 		r.opt.Metrics.FreshReads.WithLabelValues(metrics.ResultTimeout).Inc()
 		writeJSON(w, http.StatusGatewayTimeout, errBody{Error: fmt.Sprintf("%v within %s", err, timeout), MinLSN: nr.Min.String(), Reached: nr.Reached.String()})

@@ -29,6 +29,13 @@ var (
 	ErrUnknownCounter = errors.New("no such counter")
 	// ErrBadKey is a key the counter's target key cannot hold.
 	ErrBadKey = errors.New("bad key")
+	// ErrNotExact is a read of a counter kind whose value a fresh read
+	// cannot give exactly at one LSN yet (docs/design.md §7 (f)): a
+	// counter through a parent (and its via table's), a multi-level
+	// counter (one that sums another counter's column) and a max or min.
+	// The read is refused rather than answered with a value that may
+	// include changes past its LSN.
+	ErrNotExact = errors.New("not exact yet")
 	// ErrNotNow is a read that found no whole instant of the chain before
 	// its deadline (a batch written in parts, a chain being reset).
 	ErrNotNow = errors.New("no consistent state to read yet")
@@ -68,6 +75,9 @@ type Reader struct {
 	log      *zap.Logger
 	counters map[string]counter.Counter
 
+	// inexact names the counters fresh reads refuse, with their kind.
+	inexact map[string]string
+
 	mu       sync.Mutex
 	resolved map[string]*counter.Resolved
 
@@ -82,9 +92,13 @@ func New(opt Options) *Reader {
 	if opt.Metrics == nil {
 		opt.Metrics = metrics.New()
 	}
-	r := &Reader{opt: opt, log: opt.Logger, counters: map[string]counter.Counter{}, resolved: map[string]*counter.Resolved{}}
+	r := &Reader{opt: opt, log: opt.Logger, counters: map[string]counter.Counter{}, inexact: map[string]string{},
+		resolved: map[string]*counter.Resolved{}}
 	for _, c := range opt.Counters {
 		r.counters[c.Name] = c
+		if kind := inexactKind(c, opt.Counters); kind != "" {
+			r.inexact[c.Name] = kind
+		}
 	}
 	r.w = newWatcher(opt.Buffer, opt.Emit, opt.Logger, opt.Metrics)
 	return r
@@ -114,10 +128,49 @@ type Snapshot struct {
 	Values []Value
 }
 
+// inexactKind returns the kind of c when a fresh read of it is not exact
+// at its LSN (docs/design.md §7 (f)), "" for the kinds that are: counts,
+// filtered counts, sums and totals with no key.
+func inexactKind(c counter.Counter, all []counter.Counter) string {
+	if _, fn := c.Extremum(); fn != "" {
+		// Its value is recomputed from the source rows of the read's
+		// snapshot, which may hold transactions past the LSN.
+		return fn
+	}
+	if c.Through != nil {
+		// The level above a via table, or one of the via table's own:
+		// the via table trails the source by its pending deltas.
+		return "via"
+	}
+	for _, b := range all {
+		if counter.Feeds(b, c) {
+			// It sums a lower counter's column, which trails the
+			// source by that counter's pending deltas.
+			return "multi-level"
+		}
+	}
+	return ""
+}
+
+// NotExactError is a read of a counter whose kind fresh reads do not
+// answer exactly yet; it wraps ErrNotExact.
+type NotExactError struct {
+	Counter, Kind string
+}
+
+func (e *NotExactError) Error() string {
+	return fmt.Sprintf("fresh reads of %s counters are not exact yet; read the column (counter %s)", e.Kind, e.Counter)
+}
+
+func (e *NotExactError) Unwrap() error { return ErrNotExact }
+
 func (r *Reader) resolve(ctx context.Context, name string) (*counter.Resolved, error) {
 	c, ok := r.counters[name]
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownCounter, name)
+	}
+	if kind := r.inexact[name]; kind != "" {
+		return nil, &NotExactError{Counter: name, Kind: kind}
 	}
 	r.mu.Lock()
 	res := r.resolved[name]
