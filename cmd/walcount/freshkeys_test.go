@@ -17,19 +17,24 @@ import (
 // TestFreshReadsManyKeysAndErrors: a read of many keys answers each at the
 // one LSN of the answer (each equal to COUNT(*), a key with no row null);
 // the bearer token guards /v1/counters/ (401 without it); a key with no
-// row and nothing pending and an unknown counter are 404s; a max counter
-// is refused with a 422.
+// row and nothing pending and an unknown counter are 404s; a filtered
+// count and a total with no key are answered; a max counter is refused
+// with a 422.
 func TestFreshReadsManyKeysAndErrors(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, testenv.Database(t), `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, last_like bigint);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts, n bigint NOT NULL DEFAULT 0);
+CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, even_likes bigint NOT NULL DEFAULT 0, last_like bigint);
+CREATE TABLE site (id int PRIMARY KEY, likes bigint NOT NULL DEFAULT 0);
+INSERT INTO site VALUES (1, 0);
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts, n bigint NOT NULL DEFAULT 0, even boolean NOT NULL DEFAULT false);
 ALTER TABLE likes REPLICA IDENTITY FULL;
 CREATE INDEX ON likes (post_id);
 INSERT INTO posts (id) SELECT g FROM generate_series(1, 6) g;`)
 	path := c.writeConfig(`
 counters:
   - {name: post_likes, source: likes, key: post_id, target: posts, target_key: id, column: likes_count}
+  - {name: post_even, source: likes, key: post_id, target: posts, target_key: id, column: even_likes, where: {even: "true"}}
+  - {name: site_likes, source: likes, target: site, target_key: id, column: likes, target_row: "1"}
   - {name: post_last, source: likes, key: post_id, target: posts, target_key: id, column: last_like, max: n}
 `)
 	const token = "fresh-reads-token"
@@ -48,7 +53,7 @@ counters:
 	defer pool.Close()
 	// Post k gets k-1 likes (post 1 none), in one transaction each.
 	for k := 2; k <= 6; k++ {
-		if _, err := pool.Exec(context.Background(), "INSERT INTO likes (post_id, n) SELECT $1, g FROM generate_series(1, $1 - 1) g", k); err != nil {
+		if _, err := pool.Exec(context.Background(), "INSERT INTO likes (post_id, n, even) SELECT $1, g, g % 2 = 0 FROM generate_series(1, $1 - 1) g", k); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -99,6 +104,16 @@ counters:
 	want := map[string]any{"1": 0.0, "2": 1.0, "3": 2.0, "4": 3.0, "5": 4.0, "6": 5.0, "999": nil}
 	if fmt.Sprint(values) != fmt.Sprint(want) {
 		t.Errorf("values %v, want %v (body %v)", values, want, body)
+	}
+
+	// A filtered count and a total with no key are answered too.
+	code, body = get("/v1/counters/post_even?keys=5,6&min_lsn="+lsn, token)
+	if v := fmt.Sprint(body["values"]); code != http.StatusOK || v != "map[5:2 6:2]" {
+		t.Errorf("filtered count: %d %v, want values 5:2 6:2", code, body)
+	}
+	code, body = get("/v1/counters/site_likes/1?min_lsn="+lsn, token)
+	if code != http.StatusOK || body["value"] != 15.0 {
+		t.Errorf("total with no key: %d %v, want value 15", code, body)
 	}
 
 	for _, path := range []string{"/v1/counters/post_likes/999", "/v1/counters/nope/1"} {
