@@ -228,6 +228,14 @@ type Resolved struct {
 	// among them, measures the target rows there are, so it seeds first
 	// (see buildSeed).
 	Seed string
+	// Read is a fresh read's statement (docs/design.md §7): one snapshot
+	// with, for each key of $1 (text[]) of the slot $2, in order: the
+	// slot's checkpoint W (text), whether a target row has the key, the
+	// column in delta units (an extremum's: its text), the delta
+	// walcount.carried holds for the key, whether the key (or the whole
+	// counter) is marked dirty, and for an extremum the value of its
+	// source rows now (text). FilterArgs are bound after $2.
+	Read string
 	// The survey of a range of keys, with FilterArgs bound after $1 and
 	// $2 and the slot after them (see buildSurvey).
 	SurveyIntKeys                                        bool

@@ -109,6 +109,7 @@ SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Iden
 	r.Column = fmt.Sprintf(`SELECT t.%s::text, %s FROM %s t%s WHERE t.%s = ANY (CAST($1::text[] AS %s[]))`,
 		tkeyID, cached, tgt.Ident(), carried(2), tkeyID, tkey.Full)
 	r.Total = fmt.Sprintf(`SELECT count(*) FROM %s t WHERE true%s`, tgt.Ident(), onlyRow)
+	r.buildRead(src, tgt, key, tkey, scaled, filterAfter(2), onlyRow)
 	// The TRUNCATE reset (design rule 10) never waits for a row lock
 	// either: it zeroes the rows it can lock at once and returns, for each
 	// row another transaction holds, its key and its column in delta units
@@ -130,6 +131,36 @@ SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0%[5]s AND t.%[1]s 
 	}
 	r.buildSurvey(src, tgt, key, tkey, measured, cached, carried(3+len(r.FilterArgs)), filterAfter(2))
 	return nil
+}
+
+// buildRead writes Read: the checkpoint, the target row, the carried
+// delta and the dirty marks of the keys, all in one statement so in one
+// snapshot (docs/design.md §7).
+func (r *Resolved) buildRead(src, tgt *Table, key, tkey Column, scaled func(string) string, filter, onlyRow string) {
+	c := r.Counter
+	col := pgx.Identifier{c.Column}.Sanitize()
+	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
+	name := quoteLiteral(c.Name)
+	column := scaled("coalesce(t."+col+", 0)") + "::text"
+	now := "NULL::text"
+	if r.Extremum {
+		ext, fn := c.Extremum()
+		column = "t." + col + "::text"
+		match := "true"
+		if !c.Keyless() {
+			match = fmt.Sprintf("s.%s = CAST(k.k AS %s)", pgx.Identifier{c.Key}.Sanitize(), key.Full)
+		}
+		now = fmt.Sprintf("CAST((SELECT %s(s.%s) FROM %s AS s WHERE %s%s) AS %s)::text",
+			fn, pgx.Identifier{ext}.Sanitize(), src.Ident(), match, filter, tgt.Columns[c.Column].Full)
+	}
+	r.Read = fmt.Sprintf(`SELECT (SELECT c.lsn::text FROM walcount.checkpoint c WHERE c.slot_name = $2),
+t.%[1]s IS NOT NULL, %[2]s, coalesce(wc.delta, 0),
+EXISTS (SELECT 1 FROM walcount.dirty dm WHERE dm.slot_name = $2 AND dm.counter = %[3]s AND (dm.key IS NULL OR dm.key = k.k)),
+%[4]s
+FROM unnest($1::text[]) WITH ORDINALITY AS k(k, i)
+LEFT JOIN %[5]s AS t ON t.%[1]s = CAST(k.k AS %[6]s)%[7]s
+LEFT JOIN walcount.carried wc ON wc.slot_name = $2 AND wc.counter = %[3]s AND wc.key = k.k
+ORDER BY k.i`, tkeyID, column, name, now, tgt.Ident(), tkey.Full, onlyRow)
 }
 
 // whereFilters sets r.FilterArgs to the values of c's where conditions

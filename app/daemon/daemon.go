@@ -18,6 +18,7 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/fresh"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/operator"
@@ -96,7 +97,12 @@ type Daemon struct {
 	slotDB *pgxpool.Pool
 	rdb    redis.UniversalClient
 	buf    *buffer.Redis
-	lag    *sink.LagTracker
+	// readPool is the fresh reads' own small pool, and fresh their reader
+	// (docs/design.md §7): a read never takes a connection the stream or
+	// the flush needs.
+	readPool *pgxpool.Pool
+	fresh    *fresh.Reader
+	lag      *sink.LagTracker
 	// flushes outlives sessions: a restarted session meets the markers
 	// of flushes an earlier one made.
 	flushes *sink.FlushLog
@@ -238,6 +244,10 @@ func New(opt Options) (*Daemon, error) {
 			KeepWatchingLostSlot: cfg.OnSlotLoss == config.SlotLossRecreate}),
 	}
 	d.rec = d.newReconciler()
+	if err := d.newFreshReader(pcfg); err != nil {
+		d.Close()
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -255,6 +265,9 @@ func redactErr(err error) string { return redact.URL(err.Error()) }
 
 // Close releases the connections. Call it after Run returned.
 func (d *Daemon) Close() {
+	if d.readPool != nil {
+		d.readPool.Close()
+	}
 	d.pool.Close()
 	closeSlotPool(d.pool, d.slotDB)
 	_ = d.rdb.Close()

@@ -66,6 +66,7 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 			Status:    func(ctx context.Context) any { return d.Status(ctx) },
 			Ready:     d.Ready,
 			Reconcile: d.ReconcileHandler(),
+			Counters:  d.FreshHandler(),
 			Token:     cfg.HTTPToken,
 			Logger:    log,
 		})

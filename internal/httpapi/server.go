@@ -55,10 +55,13 @@ type Options struct {
 	// Reconcile handles POST /v1/reconcile; nil serves a 501 with a JSON
 	// error.
 	Reconcile http.Handler
-	// Token, when not empty, is the bearer token every POST must carry
-	// (Authorization: Bearer <token>); others get a 401. GET endpoints
-	// stay open: they change nothing and orchestrators probe them. The
-	// token is never logged.
+	// Counters serves the fresh reads, GET /v1/counters/…; nil serves a
+	// 501 with a JSON error.
+	Counters http.Handler
+	// Token, when not empty, is the bearer token every POST and every
+	// fresh read must carry (Authorization: Bearer <token>); others get a
+	// 401. The other GET endpoints stay open: they change nothing and
+	// orchestrators probe them. The token is never logged.
 	Token string
 	// Logger receives the server's own errors; nil means no logging.
 	Logger *zap.Logger
@@ -186,6 +189,12 @@ func (s *Server) routes() {
 	} else {
 		s.mux.Handle("POST /v1/reconcile", s.authorized(notImplemented("reconcile is not available in this process: it runs inside `walcount run`")))
 	}
+	// Fresh reads show the application's data: they need the token.
+	counters := s.opt.Counters
+	if counters == nil {
+		counters = notImplemented("fresh reads are not available in this process: they are served by `walcount run`")
+	}
+	s.mux.Handle("GET /v1/counters/", s.authorized(counters))
 }
 
 // authorized lets a request through to h when no token is configured or
@@ -201,7 +210,7 @@ func (s *Server) authorized(h http.Handler) http.Handler {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="walcount"`)
 			writeJSONError(w, http.StatusUnauthorized,
-				"this walcount requires a bearer token for POST requests: set WALCOUNT_HTTP_TOKEN (or --http-token) to the daemon's http_token")
+				"this walcount requires a bearer token for POST requests and fresh reads: set WALCOUNT_HTTP_TOKEN (or --http-token) to the daemon's http_token, or send Authorization: Bearer <http_token>")
 			return
 		}
 		h.ServeHTTP(w, r)

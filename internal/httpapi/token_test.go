@@ -148,3 +148,48 @@ func TestLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenGuardsFreshReads: GET /v1/counters/… shows the application's
+// data, so unlike the other GET endpoints it needs the token.
+func TestTokenGuardsFreshReads(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	s := start(t, httpapi.Options{
+		Token: testToken,
+		Counters: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			calls.Add(1)
+			w.WriteHeader(http.StatusOK)
+		}),
+	})
+	base := "http://" + s.Addr()
+	read := func(path, auth string) int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, base+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, path := range []string{"/v1/counters/post_likes/1", "/v1/counters/post_likes?keys=1,2"} {
+		for _, auth := range []string{"", "Bearer wrong", testToken} {
+			if code := read(path, auth); code != http.StatusUnauthorized {
+				t.Errorf("GET %s with Authorization %q = %d, want 401", path, auth, code)
+			}
+		}
+		if n := calls.Load(); n != 0 {
+			t.Fatalf("the fresh reads' handler ran %d times without the token", n)
+		}
+		if code := read(path, "Bearer "+testToken); code != http.StatusOK {
+			t.Errorf("GET %s with the token = %d, want the handler's 200", path, code)
+		}
+		calls.Store(0)
+	}
+}

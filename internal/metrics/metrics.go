@@ -34,7 +34,21 @@ const (
 	// LabelStage is where a failed session was; one of the Stage
 	// constants.
 	LabelStage = "stage"
+	// LabelResult is how a fresh read ended; one of Results.
+	LabelResult = "result"
 )
+
+// Values of LabelResult.
+const (
+	ResultOK          = "ok"
+	ResultNotFound    = "not_found"
+	ResultTimeout     = "timeout"
+	ResultUnavailable = "unavailable"
+	ResultError       = "error"
+)
+
+// Results lists every value of LabelResult.
+var Results = []string{ResultOK, ResultNotFound, ResultTimeout, ResultUnavailable, ResultError}
 
 // Values of LabelStage. A session starts (it connects to PostgreSQL,
 // takes the slot and makes the Redis buffer continue the checkpoint) and
@@ -79,6 +93,9 @@ var (
 	// (a stalled sink), finer around the default flush interval of 1 s so
 	// that a p99 target such as "flush interval + 250 ms" can be read off.
 	ApplyLagBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 30, 60}
+	// FreshReadBuckets span 0.5 ms (a read from memory-resident rows) to
+	// 30 s (the longest min_lsn timeout).
+	FreshReadBuckets = []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 	// FlushDurationBuckets span 1 ms (a handful of keys) to 10 s (a large
 	// backlog, or a lock wait on a hot row).
 	FlushDurationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
@@ -237,6 +254,23 @@ type Metrics struct {
 	// nothing any more (a deleted parent), by declared counter.
 	ViaRowsCollected *prometheus.CounterVec
 
+	// Fresh reads (docs/design.md §7).
+
+	// FreshReads counts GET /v1/counters reads by result (LabelResult).
+	FreshReads *prometheus.CounterVec
+	// FreshReadSeconds is the time of a read, its min_lsn wait included.
+	FreshReadSeconds prometheus.Histogram
+	// FreshReadWaits counts reads that waited for their min_lsn, and
+	// FreshReadWaitSeconds how long.
+	FreshReadWaits       prometheus.Counter
+	FreshReadWaitSeconds prometheus.Histogram
+	// FreshReadRetries counts attempts a read made again (a batch written
+	// in parts, a flush that committed between its two reads).
+	FreshReadRetries prometheus.Counter
+	// FreshReadNudges counts the heartbeats emitted for reads that waited
+	// on a quiet database.
+	FreshReadNudges prometheus.Counter
+
 	// BuildInfo is 1, labelled with what the binary is (version,
 	// revision, modified, goversion); set it with SetBuildInfo.
 	BuildInfo *prometheus.GaugeVec
@@ -254,6 +288,7 @@ func New() *Metrics {
 	m.newStreamMetrics()
 	m.newFlushMetrics()
 	m.newReconcileMetrics()
+	m.newFreshMetrics()
 	m.BuildInfo = gaugeVec("build_info",
 		"Always 1, labelled with the walcount version, the VCS revision it was built from, whether that tree was modified (true, false or unknown) and the Go version.",
 		LabelVersion, LabelRevision, LabelModified, LabelGoVersion)
@@ -270,6 +305,7 @@ func New() *Metrics {
 		m.ForgedMessages,
 		m.FlushKeysDeferred, m.FlushOldestDeferredSeconds, m.KeysParked,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked, m.ViaRowsCollected,
+		m.FreshReads, m.FreshReadSeconds, m.FreshReadWaits, m.FreshReadWaitSeconds, m.FreshReadRetries, m.FreshReadNudges,
 		m.BuildInfo,
 	)
 
@@ -284,6 +320,9 @@ func New() *Metrics {
 	// before the first one, or it misses that one.
 	for _, s := range Stages {
 		m.SessionFailures.WithLabelValues(s)
+	}
+	for _, r := range Results {
+		m.FreshReads.WithLabelValues(r)
 	}
 	m.SetBuildInfo(buildinfo.Get())
 	return m
@@ -412,6 +451,23 @@ func (m *Metrics) newReconcileMetrics() {
 	m.ViaRowsCollected = counterVec("via_rows_collected_total",
 		"Rows of a via table deleted because they hold nothing any more (their parent was deleted and no source row references it), by counter through a parent.",
 		LabelCounter)
+}
+
+// newFreshMetrics makes the metrics of fresh reads.
+func (m *Metrics) newFreshMetrics() {
+	m.FreshReads = counterVec("fresh_reads_total",
+		"Fresh reads (GET /v1/counters), by result: ok, not_found, timeout (min_lsn not reached in time), unavailable (no consistent state in time), error.",
+		LabelResult)
+	m.FreshReadSeconds = histogram("fresh_read_seconds",
+		"Time of a fresh read, its wait for min_lsn included.", FreshReadBuckets)
+	m.FreshReadWaits = counter("fresh_read_waits_total",
+		"Fresh reads that waited for walcount to read through their min_lsn.")
+	m.FreshReadWaitSeconds = histogram("fresh_read_wait_seconds",
+		"How long a fresh read waited for its min_lsn.", FreshReadBuckets)
+	m.FreshReadRetries = counter("fresh_read_retries_total",
+		"Attempts of fresh reads made again: a batch written to Redis in parts, or a flush that committed between the Redis and the PostgreSQL read.")
+	m.FreshReadNudges = counter("fresh_read_nudges_total",
+		"Heartbeats emitted so that fresh reads waiting for an LSN on a quiet database end.")
 }
 
 // Registry returns the registry holding every walcount metric.
