@@ -698,6 +698,7 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 		r.log.Info("dirty counter repaired", zap.Strings("counters", run.Counters), zap.Int64("corrected", run.Corrected))
 	}
 	r.finish(run)
+	r.prune(ctx)
 	r.log.Info("reconciliation done", zap.Int64("run", run.ID), zap.Int64("keys_checked", run.KeysChecked),
 		zap.Int64("drifted", run.Drifted), zap.Int64("corrected", run.Corrected), zap.Duration("took_seconds", time.Since(start)))
 	return nil
@@ -723,6 +724,7 @@ func (r *Reconciler) fail(ctx context.Context, run RunInfo, err error) error {
 		r.log.Error("save failed run", zap.Error(perr))
 	}
 	r.finish(run)
+	r.prune(context.WithoutCancel(ctx))
 	return fmt.Errorf("reconcile run %d: %w", run.ID, err)
 }
 
@@ -748,6 +750,16 @@ func (r *Reconciler) update(run *RunInfo, drift []KeyDrift) {
 	}
 	run.Drift = d
 	*r.current = *run
+}
+
+// prune keeps the slot's newest state.KeptRuns finished runs and deletes
+// the older ones; a failure only costs a longer table until the next run.
+func (r *Reconciler) prune(ctx context.Context) {
+	if n, err := r.runs.Prune(ctx, state.KeptRuns); err != nil {
+		r.log.Warn("could not prune old reconciliation runs", zap.Error(err))
+	} else if n > 0 {
+		r.log.Debug("pruned old reconciliation runs", zap.Int64("deleted", n), zap.Int("kept", state.KeptRuns))
+	}
 }
 
 func (r *Reconciler) finish(run RunInfo) {

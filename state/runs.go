@@ -268,3 +268,21 @@ SELECT name FROM c UNION SELECT counter FROM d UNION SELECT counter FROM p UNION
 	}
 	return forgot, nil
 }
+
+// KeptRuns is how many finished runs (done or failed) of a slot
+// walcount.reconcile_runs keeps; Prune deletes the older ones. Every
+// repair and every slot loss adds a run: kept forever, the table grew
+// without bound (the soak's hour added 53).
+const KeptRuns = 100
+
+// Prune deletes the slot's finished runs but the newest keep; pending and
+// running runs stay. It returns how many it deleted.
+func (s Runs) Prune(ctx context.Context, keep int) (int64, error) {
+	tag, err := s.q.Exec(ctx, `DELETE FROM walcount.reconcile_runs
+WHERE slot_name = $1 AND status IN ('done', 'failed') AND id NOT IN (
+  SELECT id FROM walcount.reconcile_runs WHERE slot_name = $1 AND status IN ('done', 'failed') ORDER BY id DESC LIMIT $2)`, s.slot, keep)
+	if err != nil {
+		return 0, fmt.Errorf("prune walcount.reconcile_runs: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
