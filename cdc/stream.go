@@ -532,14 +532,28 @@ func (r *receiver) close() {
 // from W at the next start (design rule 3: nothing past W was confirmed).
 func (r *receiver) stop() error {
 	if len(r.batch.Events) > 0 {
+		// The consumer drains until Run closes its output, so wait for it
+		// to take what was received: dropped, the last changes before a
+		// SIGTERM missed the final flush (replayed at the next start, but
+		// a clean stop promises them flushed; TestRunStopsCleanlyOnSIGTERM
+		// failed so on a busy machine, the queue full). A consumer that
+		// failed takes nothing: then the batch goes after stopHandOver.
+		t := time.NewTimer(stopHandOver)
+		defer t.Stop()
 		select {
 		case r.s.out <- r.batch:
-		default:
+		case <-t.C:
+			r.s.log.Warn("stopping: the consumer did not take the last received changes; the next start replays them",
+				zap.Int("events", len(r.batch.Events)))
 		}
 	}
 	_ = r.s.sendStatus(false, false)
 	return nil
 }
+
+// stopHandOver bounds how long a stopping Run waits for the consumer to
+// take its last batch.
+const stopHandOver = 10 * time.Second
 
 // statusIfDue sends a standby status update when W moved or the status
 // interval passed, so the server learns W promptly and never times the

@@ -130,6 +130,6 @@ WHERE s.slot_name = $1 AND c.slot_name = $1`, slot).Scan(&behind, &confirmed, &w
 		t.Fatal(err)
 	}
 	if total != 503 {
-		t.Errorf("sum of likes_count after shutdown = %d, want 503: the shutdown flush lost likes", total)
+		t.Errorf("sum of likes_count after shutdown = %d, want 503: the shutdown flush lost likes; logs:\n%s", total, logs.String())
 	}
 }
