@@ -26,7 +26,12 @@ var errStopChecks = errors.New("stop the checks")
 // of the single statements the other checks run would pass. The probe's
 // connection is its own because that error closes it.
 func (r *run) checkPooling() error {
-	probe, err := r.cfg.ConnectSQL(r.ctx)
+	// Sent at connection start, the session settings win over a role's
+	// statement_timeout of a millisecond, which could cancel even the
+	// BEGIN below before its SET LOCAL takes over (PostgreSQL then says
+	// "canceling statement due to user request"; TestRoleTimeouts on a
+	// busy machine). A pooler refuses them and gets the SET LOCALs only.
+	probe, err := r.cfg.ConnectSQLWith(r.ctx, r.cfg.SessionSettings())
 	if err != nil {
 		return r.queryFailed(CheckPooler, "a transaction on database_url", err)
 	}
