@@ -172,6 +172,10 @@ type Stream struct {
 	cfg  StreamConfig
 	log  *zap.Logger
 	conn *pgconn.PgConn
+	// consumerGone, when set (ConsumerGone), closes once the consumer of
+	// Batches stopped taking them: a stopping Run then does not wait for
+	// it.
+	consumerGone <-chan struct{}
 	// history is "<system identifier>/<timeline>" of the server.
 	history string
 	// msgRel is the OID of walcount's table of messages, 0 when it does
@@ -327,6 +331,11 @@ func (s *Stream) History() string { return s.history }
 
 // Batches is the stream's output. It is closed when Run returns.
 func (s *Stream) Batches() <-chan *Batch { return s.out }
+
+// ConsumerGone tells Run that done closes when the consumer of Batches
+// stops: a Run stopping after it (the consumer failed) hands nothing over
+// and returns at once. Call it before Run.
+func (s *Stream) ConsumerGone(done <-chan struct{}) { s.consumerGone = done }
 
 // Release hands a consumed batch back for reuse and frees its bytes in
 // the queue's budget. The caller must not use the batch or any tuple in it
@@ -537,11 +546,13 @@ func (r *receiver) stop() error {
 		// SIGTERM missed the final flush (replayed at the next start, but
 		// a clean stop promises them flushed; TestRunStopsCleanlyOnSIGTERM
 		// failed so on a busy machine, the queue full). A consumer that
-		// failed takes nothing: then the batch goes after stopHandOver.
+		// is gone takes nothing: the batch goes at once, or after
+		// stopHandOver when nothing says the consumer is gone.
 		t := time.NewTimer(stopHandOver)
 		defer t.Stop()
 		select {
 		case r.s.out <- r.batch:
+		case <-r.s.consumerGone:
 		case <-t.C:
 			r.s.log.Warn("stopping: the consumer did not take the last received changes; the next start replays them",
 				zap.Int("events", len(r.batch.Events)))

@@ -310,6 +310,7 @@ func (s *liveSession) run(ctx context.Context) error {
 	defer context.AfterFunc(ctx, stopStream)()
 	workCtx, stopWork := context.WithCancel(gctx)
 	defer stopWork()
+	s.stream.ConsumerGone(workCtx.Done())
 	g.Go(func() error {
 		err := s.stream.Run(streamCtx)
 		if errors.Is(err, cdc.ErrStreamSilent) {
