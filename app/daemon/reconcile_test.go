@@ -169,7 +169,9 @@ func TestReconcileResumesAfterRestart(t *testing.T) {
 	if err := e.db.QueryRow(ctx, `SELECT status, keys_checked FROM walcount.reconcile_runs WHERE id = $1`, run.ID).Scan(&status, &checked); err != nil {
 		t.Fatal(err)
 	}
-	if status != state.StatusRunning || checked < 500 || checked >= 3000 {
+	// Progress is saved a range at a time: what the table holds trails
+	// the 500 seen by up to a batch.
+	if status != state.StatusRunning || checked < 500-50 || checked >= 3000 {
 		t.Fatalf("after stop: status %s, keys checked %d; want an interrupted run", status, checked)
 	}
 	r2 := e.start()

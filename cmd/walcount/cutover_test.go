@@ -103,7 +103,7 @@ func churning(t *testing.T, write func(ctx context.Context, rng *rand.Rand) erro
 				mu.Unlock()
 				// An app's pace, not a wait: unpaced, two clients on
 				// a busy machine outrun the backfill's batches.
-				time.Sleep(time.Millisecond)
+				time.Sleep(5 * time.Millisecond)
 			}
 		}(uint64(i))
 	}
