@@ -226,6 +226,10 @@ for v in "${versions[@]}"; do
 	echo
 	echo "PostgreSQL ${row[$v]} failed; full log: $logdir/pg$v.log"
 	grep -E '^\s*--- FAIL' "$logdir/pg$v.log" | head -n 20
+	# What the failing tests printed (go test without -v prints only
+	# theirs), so a failure on a CI machine can be read without its log.
+	echo "what the failing tests printed (up to 120 lines):"
+	grep -v -E '^(ok|PASS$|FAIL$|FAIL[[:space:]]|=== )' "$logdir/pg$v.log" | grep -v -E '^\s*--- FAIL' | head -n 120 | sed 's/^/    /'
 	# Compile errors: the "# pkg" header and the file:line:col lines.
 	grep -E '^# |^[^[:space:]]+\.go:[0-9]+:[0-9]+: ' "$logdir/pg$v.log" | head -n 10
 	if grep -q '^panic: test timed out' "$logdir/pg$v.log"; then

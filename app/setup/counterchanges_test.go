@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/app/daemon"
@@ -162,7 +164,8 @@ func offPosts(c counter.Counter) string {
 	for col, v := range c.Where {
 		conds = append(conds, fmt.Sprintf(" AND s.%s = %s", col, *v))
 	}
-	return fmt.Sprintf("SELECT count(*)::text FROM posts p WHERE p.%s <> (SELECT %s FROM %s s WHERE s.%s = p.id%s)",
+	return fmt.Sprintf(`SELECT count(*)::text || coalesce(' (id column truth: ' || string_agg(id || ' ' || col || ' ' || truth, ', ' ORDER BY id) || ')', '')
+FROM (SELECT p.id, p.%s AS col, (SELECT %s FROM %s s WHERE s.%s = p.id%s) AS truth FROM posts p) x WHERE col <> truth`,
 		c.Column, agg, c.Source, c.Key, strings.Join(conds, ""))
 }
 
@@ -228,7 +231,7 @@ func testCounterChanges(t *testing.T, m changeModel) {
 	}
 	run := func(cfg config.Config, fp *failpoint.Set) (stop func(crashed bool)) {
 		t.Helper()
-		d, err := daemon.New(daemon.Options{Config: cfg, RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Failpoints: fp})
+		d, err := daemon.New(daemon.Options{Config: cfg, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Failpoints: fp})
 		if err != nil {
 			t.Fatal(err)
 		}
