@@ -557,6 +557,15 @@ func (r *Reconciler) backfill(ctx context.Context) error {
 	r.backfillDeferred = false
 	names = BackfillOrder(r.opt.Counters, names)
 	r.log.Info("backfilling new counters", zap.Strings("counters", names))
+	var queued []counter.Counter
+	for _, name := range names {
+		if c, ok := r.counter(name); ok {
+			queued = append(queued, c)
+		}
+	}
+	if err := r.runs.BackfillQueued(ctx, queued); err != nil {
+		return err
+	}
 	if _, err := r.runs.Create(ctx, state.KindBackfill, names, false, r.opt.BatchSize); err != nil {
 		return err
 	}
@@ -669,6 +678,8 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 		}
 		if run.CurCounter != name {
 			run.CurCounter, run.LastKey = name, ""
+		} else if err := r.remeasureChanged(ctx, &run, c); err != nil {
+			return r.fail(ctx, run, err)
 		}
 		if err := r.reconcileCounter(ctx, &run, c); err != nil {
 			if ctx.Err() != nil {
@@ -701,6 +712,25 @@ func (r *Reconciler) execute(ctx context.Context, run RunInfo) error {
 	r.prune(ctx)
 	r.log.Info("reconciliation done", zap.Int64("run", run.ID), zap.Int64("keys_checked", run.KeysChecked),
 		zap.Int64("drifted", run.Drifted), zap.Int64("corrected", run.Corrected), zap.Duration("took_seconds", time.Since(start)))
+	return nil
+}
+
+// remeasureChanged starts the counter a resumed backfill stopped in over
+// from its first key when the counter's definition changed since the
+// backfill was queued: the keys measured before the stop were measured
+// with the old definition, and the backfill's end records the new one as
+// backfilled.
+func (r *Reconciler) remeasureChanged(ctx context.Context, run *RunInfo, c counter.Counter) error {
+	if run.Kind != state.KindBackfill || run.LastKey == "" {
+		return nil
+	}
+	changed, err := r.runs.DefinitionChanged(ctx, c)
+	if err != nil || !changed {
+		return err
+	}
+	r.log.Info("the counter's definition changed since its backfill began: the backfill measures it again from its first key",
+		zap.Int64("run", run.ID), zap.String("counter", c.Name), zap.String("stopped_after_key", run.LastKey))
+	run.LastKey = ""
 	return nil
 }
 

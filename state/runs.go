@@ -223,6 +223,36 @@ func (s Runs) NeedBackfill(ctx context.Context, counters []counter.Counter) ([]s
 	return out, nil
 }
 
+// BackfillQueued records the definitions a backfill of cs is about to
+// measure, none of them backfilled yet. A backfill that resumes after a
+// restart compares them with the configured ones (DefinitionChanged): a
+// counter whose definition changed since must be measured again from its
+// first key.
+func (s Runs) BackfillQueued(ctx context.Context, cs []counter.Counter) error {
+	for _, c := range cs {
+		_, err := s.q.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, $2, $3, NULL)
+ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, backfilled_at = NULL`, s.slot, c.Name, definition(c))
+		if err != nil {
+			return fmt.Errorf("record the backfill of %s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+// DefinitionChanged reports whether c's definition differs from the one
+// recorded for it when its backfill was queued or done (no record: no).
+func (s Runs) DefinitionChanged(ctx context.Context, c counter.Counter) (bool, error) {
+	var def string
+	err := s.q.QueryRow(ctx, `SELECT definition FROM walcount.counters WHERE slot_name = $1 AND name = $2`, s.slot, c.Name).Scan(&def)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read counters: %w", err)
+	}
+	return def != definition(c), nil
+}
+
 // Backfilled records that c was backfilled with its current definition.
 func (s Runs) Backfilled(ctx context.Context, c counter.Counter) error {
 	_, err := s.q.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, $2, $3, now())
