@@ -147,29 +147,49 @@ func (f *Flusher) drain(ctx context.Context) error {
 	return err
 }
 
-// drainCount is drain, reporting how many pieces it committed.
+// drainCount is drain, reporting how many pieces it committed. The
+// counters that create missing target rows are drained first, then the
+// others, as a flush's plan orders them: a counter that creates no rows
+// (a max, a count without create_missing) then updates the row an earlier
+// piece created instead of missing it, whatever the counters' names.
 func (f *Flusher) drainCount(ctx context.Context) (int, error) {
-	var cursor state.CarriedCursor
-	pieces := 0
-	for {
-		next, more, did, err := f.drainPiece(ctx, cursor)
-		if err != nil {
-			return pieces, err
-		}
-		if did {
-			pieces++
-			f.opt.Metrics.FlushPieces.Inc()
-		}
-		if !more {
-			f.drainDue = false
-			f.lagApplied()
-			return pieces, nil
-		}
-		cursor = next
-		if err := f.opt.Failpoints.Inject(failpoint.BetweenPieces); err != nil {
-			return pieces, err
+	var creating []string
+	for name, t := range f.targets {
+		if t.Counter.CreateMissing {
+			creating = append(creating, name)
 		}
 	}
+	passes := []state.CarriedCursor{{}}
+	if len(creating) > 0 {
+		slices.Sort(creating)
+		passes = []state.CarriedCursor{{Counters: creating}, {Counters: creating, Others: true}}
+	}
+	pieces := 0
+	for i, cursor := range passes {
+		for {
+			next, more, did, err := f.drainPiece(ctx, cursor)
+			if err != nil {
+				return pieces, err
+			}
+			if did {
+				pieces++
+				f.opt.Metrics.FlushPieces.Inc()
+			}
+			if !more && i == len(passes)-1 {
+				f.drainDue = false
+				f.lagApplied()
+				return pieces, nil
+			}
+			if err := f.opt.Failpoints.Inject(failpoint.BetweenPieces); err != nil {
+				return pieces, err
+			}
+			if !more {
+				break
+			}
+			cursor = next
+		}
+	}
+	return pieces, nil
 }
 
 // drainPiece runs one piece of drain from cursor, again with savepoints

@@ -196,6 +196,10 @@ FROM walcount.carried WHERE slot_name = $1 AND parked_error IS NOT NULL ORDER BY
 type CarriedCursor struct {
 	Counter, Key string
 	Started      bool
+	// Counters, when not nil, limits the pages to these counters' keys,
+	// or with Others to every other counter's keys.
+	Counters []string
+	Others   bool
 }
 
 // LoadCarriedPage returns up to limit of the slot's carried keys after
@@ -208,14 +212,21 @@ func LoadCarriedPage(ctx context.Context, q Querier, slot string, after CarriedC
 	const cols = `SELECT counter, key, delta, since, coalesce(parked_error, ''), retry_at,
        parked_error IS NULL OR retry_at IS NULL OR retry_at <= now()
 FROM walcount.carried WHERE slot_name = $1`
-	var rows pgx.Rows
-	var err error
-	if after.Started {
-		rows, err = q.Query(ctx, cols+` AND (counter, length(key), key) > ($3::text, length($4::text), $4::text)
-ORDER BY counter, length(key), key LIMIT $2`, slot, limit, after.Counter, after.Key)
-	} else {
-		rows, err = q.Query(ctx, cols+` ORDER BY counter, length(key), key LIMIT $2`, slot, limit)
+	query, args := cols, []any{slot, limit}
+	if after.Counters != nil {
+		args = append(args, after.Counters)
+		if after.Others {
+			query += ` AND counter <> ALL ($3::text[])`
+		} else {
+			query += ` AND counter = ANY ($3::text[])`
+		}
 	}
+	if after.Started {
+		n := len(args)
+		args = append(args, after.Counter, after.Key)
+		query += fmt.Sprintf(` AND (counter, length(key), key) > ($%d::text, length($%d::text), $%d::text)`, n+1, n+2, n+2)
+	}
+	rows, err := q.Query(ctx, query+` ORDER BY counter, length(key), key LIMIT $2`, args...)
 	if err != nil {
 		return nil, after, fmt.Errorf("read carried deltas: %w", err)
 	}
@@ -229,7 +240,7 @@ ORDER BY counter, length(key), key LIMIT $2`, slot, limit, after.Counter, after.
 	}
 	if len(out) > 0 {
 		last := out[len(out)-1]
-		after = CarriedCursor{Counter: last.Counter, Key: last.Key, Started: true}
+		after = CarriedCursor{Counter: last.Counter, Key: last.Key, Started: true, Counters: after.Counters, Others: after.Others}
 	}
 	return out, after, nil
 }
