@@ -6,23 +6,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/state"
 )
 
 // partitionedSchema is schema with likes partitioned by post.
-const partitionedSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0, PRIMARY KEY (id, post_id)) PARTITION BY RANGE (post_id);
+var partitionedSchema = appschema.SQL(appschema.Options{
+	LikesColumns: likedBy + ", PRIMARY KEY (id, post_id)", PartitionBy: "RANGE (post_id)", Posts: 50}) + `
 CREATE TABLE likes_a PARTITION OF likes FOR VALUES FROM (1) TO (18);
 CREATE TABLE likes_b PARTITION OF likes FOR VALUES FROM (18) TO (35);
 CREATE TABLE likes_c PARTITION OF likes FOR VALUES FROM (35) TO (52);
-ALTER TABLE likes REPLICA IDENTITY FULL;
 ALTER TABLE likes_a REPLICA IDENTITY FULL;
 ALTER TABLE likes_b REPLICA IDENTITY FULL;
 ALTER TABLE likes_c REPLICA IDENTITY FULL;
-CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
-`
+` + eventsTable
 
 // TestPartitionedSource counts a partitioned likes under churn through
 // DDL that changes its rows without row-level changes in the WAL: TRUNCATE

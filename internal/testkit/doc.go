@@ -1,7 +1,8 @@
 // Package testkit holds walcount's test kit: servers starts throwaway
 // PostgreSQL, PgBouncer and Redis (single, TLS, cluster, Sentinel)
-// processes, testenv shares them between a package's tests, and wait
-// waits on a condition instead of a sleep; make demo's entry point,
+// processes, testenv shares them between a package's tests, appschema
+// is the app's posts and likes that the tests count, and wait waits on a
+// condition instead of a sleep; make demo's entry point,
 // cmd/demo at the top of the tree, uses servers too.
 //
 // It is for walcount's own tests, demo and bench; not a stable API. The
