@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/internal/testkit/wait"
 )
@@ -38,7 +39,7 @@ func newStreamFixture(t *testing.T) *streamFixture {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	for _, q := range []string{
-		`CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL)`,
+		appschema.SQL(appschema.Options{DefaultIdentity: true}),
 		`CREATE PUBLICATION walcount FOR TABLE likes`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {

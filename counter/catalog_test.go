@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -47,8 +48,7 @@ func TestTargetKeyTypes(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.keyType, func(t *testing.T) {
 			t.Parallel()
-			conn := connect(t, `CREATE TABLE posts (id `+tc.keyType+` PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (post_id `+tc.keyType+`)`)
+			conn := connect(t, appschema.SQL(appschema.Options{KeyType: tc.keyType}))
 			ctx := context.Background()
 			for _, k := range tc.keys {
 				if _, err := conn.Exec(ctx, "INSERT INTO posts (id) VALUES ($1::text::"+tc.keyType+")", k); err != nil {
@@ -116,16 +116,15 @@ func missingKey(keyType string) string {
 // back exactly, and that columns that would round are refused.
 func TestTargetNumericSum(t *testing.T) {
 	t.Parallel()
-	const schema = `
+	schema := `
 CREATE DOMAIN money2 AS numeric(12,2);
 CREATE DOMAIN points AS integer;
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0,
-  weight numeric(14,2) NOT NULL DEFAULT 0, weight_any numeric NOT NULL DEFAULT 0,
-  weight_1 numeric(14,1) NOT NULL DEFAULT 0, weight_9 numeric(30,9) NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigint PRIMARY KEY, post_id bigint NOT NULL,
-  w2 numeric(12,2), w9 numeric(18,9), w0 numeric(10,0), wneg numeric(5,-2), wi integer, ws smallint, wb bigint,
-  wfree numeric, w10 numeric(20,10), wdom money2, wpoints points, wfloat double precision);
-INSERT INTO posts (id) VALUES (1), (2);`
+` + appschema.SQL(appschema.Options{
+		PostsColumns: "weight numeric(14,2) NOT NULL DEFAULT 0, weight_any numeric NOT NULL DEFAULT 0, " +
+			"weight_1 numeric(14,1) NOT NULL DEFAULT 0, weight_9 numeric(30,9) NOT NULL DEFAULT 0",
+		LikesColumns: "w2 numeric(12,2), w9 numeric(18,9), w0 numeric(10,0), wneg numeric(5,-2), wi integer, ws smallint, wb bigint, " +
+			"wfree numeric, w10 numeric(20,10), wdom money2, wpoints points, wfloat double precision",
+		Posts: 2})
 	conn := connect(t, schema)
 	ctx := context.Background()
 	counter := func(sum, column string) Counter {

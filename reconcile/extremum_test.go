@@ -9,6 +9,7 @@ import (
 
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/reconcile"
 )
 
@@ -132,13 +133,9 @@ func TestExtremumCarriedIsNoDrift(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+	wait.For(t, time.Minute, "post 7's maximum recomputed once its row was free", func() bool {
 		var n int
-		if err := e.db.QueryRow(ctx, "SELECT count(*) FROM posts WHERE id = 7 AND newest_comment = '2031-01-01'").Scan(&n); err == nil && n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("post 7's maximum was not recomputed once its row was free")
-		}
-	}
+		err := e.db.QueryRow(ctx, "SELECT count(*) FROM posts WHERE id = 7 AND newest_comment = '2031-01-01'").Scan(&n)
+		return err == nil && n == 1
+	})
 }

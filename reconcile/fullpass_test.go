@@ -15,15 +15,11 @@ import (
 
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/reconcile"
 )
 
-const likesSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-CREATE INDEX ON likes (post_id);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-`
+var likesSchema = appschema.SQL(appschema.Options{Index: true})
 
 // driftOf returns the run's drifted keys and their corrections.
 func driftOf(run reconcile.RunInfo) map[string]int64 {
@@ -140,22 +136,16 @@ INSERT INTO likes (post_id) SELECT 1000 * (1 + g % 60) FROM generate_series(1, 3
 		want:  []string{"1000", "31000", "60000"}, keys: 60, check: countCheck,
 	}, {
 		name: "integer source key, bigint target key",
-		ddl: `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count integer NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id integer NOT NULL);
-CREATE INDEX ON likes (post_id);
-ALTER TABLE likes REPLICA IDENTITY FULL;
+		ddl: likesSchema + `
+ALTER TABLE posts ALTER COLUMN likes_count TYPE integer;
+ALTER TABLE likes ALTER COLUMN post_id TYPE integer;
 INSERT INTO posts (id) SELECT g FROM generate_series(-5, 54) g;
 INSERT INTO likes (post_id) SELECT -5 + g % 60 FROM generate_series(1, 300) g;`,
 		drift: `UPDATE posts SET likes_count = likes_count - 2 WHERE id IN (-5, 7, 54)`,
 		want:  []string{"-5", "7", "54"}, keys: 60, check: countCheck,
 	}, {
 		name: "text keys",
-		ddl: `
-CREATE TABLE posts (id text PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id text NOT NULL);
-CREATE INDEX ON likes (post_id);
-ALTER TABLE likes REPLICA IDENTITY FULL;
+		ddl: appschema.SQL(appschema.Options{KeyType: "text", Index: true}) + `
 INSERT INTO posts (id) SELECT unnest(ARRAY['', 'a', 'B', 'with space', 'with:colon', 'ünïcödé', 'quote''s', '10', '9', 'zz'])
   UNION ALL SELECT 'slug-' || g FROM generate_series(1, 40) g;
 INSERT INTO likes (post_id) SELECT id FROM posts, generate_series(1, 3);`,
@@ -163,12 +153,8 @@ INSERT INTO likes (post_id) SELECT id FROM posts, generate_series(1, 3);`,
 		want:  []string{"", "ünïcödé", "slug-17"}, keys: 50, check: countCheck,
 	}, {
 		name: "sum with a filter",
-		ddl: `
-CREATE TABLE posts (id bigint PRIMARY KEY, weight numeric(14,2) NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, weight numeric(12,2), deleted_at timestamptz);
-CREATE INDEX ON likes (post_id);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 40) g;
+		ddl: appschema.SQL(appschema.Options{PostsColumns: "weight numeric(14,2) NOT NULL DEFAULT 0",
+			LikesColumns: "weight numeric(12,2), deleted_at timestamptz", Index: true, Posts: 40}) + `
 INSERT INTO likes (post_id, weight, deleted_at) SELECT 1 + g % 40, (g % 7) * 1.25, CASE WHEN g % 5 = 0 THEN now() END
   FROM generate_series(1, 400) g;`,
 		counters: []counter.Counter{{Name: "post_weight", Source: "public.likes", Key: "post_id", Target: "public.posts", TargetKey: "id",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/wait"
 )
 
@@ -21,12 +22,7 @@ import (
 const bigBatchPosts = 50000
 
 // bigBatchSchema is schema with bigBatchPosts posts.
-var bigBatchSchema = fmt.Sprintf(`
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, %d) g;
-`, bigBatchPosts)
+var bigBatchSchema = appschema.SQL(appschema.Options{LikesColumns: likedBy, Posts: bigBatchPosts})
 
 // smallPieces bounds a flush transaction at 4,000 keys in statements of
 // 1,000, and never by time, so that the pieces are the same on any machine.
@@ -205,18 +201,14 @@ const (
 	slowRowSleep = 2 * time.Millisecond
 )
 
-var slowRowSchema = fmt.Sprintf(`
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, %d) g;
+var slowRowSchema = appschema.SQL(appschema.Options{LikesColumns: likedBy, Posts: slowRowPosts}) + fmt.Sprintf(`
 CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF NEW.likes_count IS DISTINCT FROM OLD.likes_count THEN PERFORM pg_sleep(%g); END IF;
   RETURN NEW;
 END $$;
 CREATE TRIGGER slow_row BEFORE UPDATE ON posts FOR EACH ROW EXECUTE FUNCTION slow_row();
-`, slowRowPosts, slowRowSleep.Seconds())
+`, slowRowSleep.Seconds())
 
 // TestFlushOfSlowRowsHoldsLocksBriefly is issue 26's bound on the app's
 // wait behind a flush, with rows made slow deterministically (each update

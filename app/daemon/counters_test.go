@@ -15,6 +15,7 @@ import (
 
 	"github.com/walcount/walcount/aggregator"
 	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 )
 
 // This file tests counters declared in a config file, end to end: several
@@ -94,19 +95,13 @@ slot_monitor:
   poll_interval: 200ms
 `
 
-const severalSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY,
-  likes_count bigint NOT NULL DEFAULT 0,
-  live_likes_count integer NOT NULL DEFAULT 0,
-  likes_weight numeric(14,2) NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint, user_id bigint NOT NULL DEFAULT 0,
-  deleted_at timestamptz, weight numeric(12,2));
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE INDEX ON likes (post_id);
+var severalSchema = appschema.SQL(appschema.Options{
+	PostsColumns: "live_likes_count integer NOT NULL DEFAULT 0, likes_weight numeric(14,2) NOT NULL DEFAULT 0",
+	LikesColumns: likedBy + ", deleted_at timestamptz, weight numeric(12,2)", Index: true, Posts: 30}) + `
+ALTER TABLE likes ALTER COLUMN post_id DROP NOT NULL;
 CREATE TABLE users (id bigint PRIMARY KEY, comments_count bigint NOT NULL DEFAULT 0);
 CREATE TABLE comments (id bigserial PRIMARY KEY, user_id bigint NOT NULL, body text);
 ALTER TABLE comments REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;
 INSERT INTO users (id) SELECT g FROM generate_series(1, 20) g;
 `
 
@@ -326,11 +321,10 @@ func TestKeyTypes(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.keyType, func(t *testing.T) {
 			t.Parallel()
-			ddl := fmt.Sprintf(`
-CREATE TABLE posts (id %[1]s PRIMARY KEY, likes_count integer NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id %[1]s);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) %[2]s;`, tc.keyType, tc.keys)
+			ddl := appschema.SQL(appschema.Options{KeyType: tc.keyType}) + `
+ALTER TABLE posts ALTER COLUMN likes_count TYPE integer;
+ALTER TABLE likes ALTER COLUMN post_id DROP NOT NULL;
+INSERT INTO posts (id) ` + tc.keys
 			e := newEnvWith(t, ddl, nil)
 			d := e.start()
 			ctx := context.Background()
@@ -448,11 +442,11 @@ GROUP BY p.id
 HAVING p.likes_count <> count(l.id) OR p.live_count <> count(l.id) FILTER (WHERE l.status = 'live')
     OR p.plain_count <> count(l.id) FILTER (WHERE l.note IS NULL)`
 
-const toastPosts = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0,
-  live_count bigint NOT NULL DEFAULT 0, plain_count bigint NOT NULL DEFAULT 0);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;
-`
+// toastOptions are the tables of the TOAST tests: likes have a status and a
+// note, and posts count them by each.
+var toastOptions = appschema.Options{
+	PostsColumns: "live_count bigint NOT NULL DEFAULT 0, plain_count bigint NOT NULL DEFAULT 0",
+	LikesColumns: likedBy + ", status text NOT NULL, note text", Posts: 10}
 
 // TestUnchangedToastFull: under REPLICA IDENTITY FULL, PostgreSQL 15 logs
 // the old row with its TOASTed values detoasted, while pgoutput sends an
@@ -461,10 +455,7 @@ INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;
 // and never read 'u' as NULL.
 func TestUnchangedToastFull(t *testing.T) {
 	t.Parallel()
-	ddl := toastPosts + bigText + `
-CREATE TABLE likes (id bigint PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0,
-  status text NOT NULL, note text);
-ALTER TABLE likes REPLICA IDENTITY FULL;`
+	ddl := appschema.SQL(toastOptions) + bigText
 	e := newEnvWith(t, ddl, func(e *env) {
 		e.cfg = e.loadConfig(toastConfig)
 		e.exec("SELECT pg_create_logical_replication_slot('peek', 'test_decoding')")
@@ -509,9 +500,7 @@ VALUES ($1::bigint, $2, CASE WHEN $1::bigint % 3 = 0 THEN big(2000) ELSE 'live' 
 // left out as 'u'), so the filter on status always has a value.
 func TestUnchangedToastIdentityIndex(t *testing.T) {
 	t.Parallel()
-	ddl := toastPosts + bigText + `
-CREATE TABLE likes (id bigint NOT NULL, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0,
-  status text NOT NULL, note text);
+	ddl := appschema.SQL(toastOptions) + bigText + `
 CREATE UNIQUE INDEX likes_ident ON likes (id, post_id, status);
 ALTER TABLE likes REPLICA IDENTITY USING INDEX likes_ident;`
 	// A note filter would need note in the identity. status is NOT NULL,
@@ -559,6 +548,8 @@ HAVING p.likes_count <> count(l.id) OR p.live_count <> count(l.id) FILTER (WHERE
 // also changes rows, and a table rewrite.
 func TestAlterTableMidStream(t *testing.T) {
 	t.Parallel()
+	// Its own likes: junk must come before the counted columns, so that
+	// dropping it moves them.
 	ddl := `
 CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, likes_weight numeric(14,2) NOT NULL DEFAULT 0);
 CREATE TABLE likes (id bigserial PRIMARY KEY, junk text DEFAULT 'junk', post_id bigint NOT NULL, weight numeric(12,2));
@@ -629,11 +620,8 @@ GROUP BY p.id HAVING p.likes_count <> count(l.id) OR p.likes_weight <> coalesce(
 // wrongly; nothing of that transaction reaches the counters.
 func TestDroppedCountedColumnStops(t *testing.T) {
 	t.Parallel()
-	ddl := `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, likes_weight numeric(14,2) NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, weight numeric(12,2));
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 3) g;`
+	ddl := appschema.SQL(appschema.Options{PostsColumns: "likes_weight numeric(14,2) NOT NULL DEFAULT 0",
+		LikesColumns: "weight numeric(12,2)", Posts: 3})
 	e := newEnvWith(t, ddl, func(e *env) {
 		e.cfg = e.loadConfig(testSettings + `
 counters:

@@ -359,9 +359,17 @@ func TestPostgresFastShutdownWithDaemonConnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The unrelated WAL is sent to walcount, which confirms no
-	// transaction of its in it: the shutdown must not wait on that. The
-	// walsender reports nothing the test could wait for.
-	time.Sleep(300 * time.Millisecond)
+	// transaction of its in it: the shutdown must not wait on that.
+	var flushed string
+	if err := e.db.QueryRow(ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&flushed); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the walsender to send the unrelated WAL", func() bool {
+		var sent bool
+		err := e.db.QueryRow(ctx, `SELECT coalesce(bool_or(r.sent_lsn >= $1::pg_lsn), false)
+FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $2`, flushed, e.cfg.Slot).Scan(&sent)
+		return err == nil && sent
+	})
 	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
 	start := time.Now()

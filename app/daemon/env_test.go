@@ -15,6 +15,7 @@ import (
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/internal/testkit/wait"
@@ -22,14 +23,15 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// schema is the app's tables as a Rails app would have them.
-const schema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
-`
+// likedBy is the likes column the workload fills: who liked.
+const likedBy = "user_id bigint NOT NULL DEFAULT 0"
+
+// eventsTable is a table of the app that no counter follows.
+const eventsTable = "CREATE TABLE events (id bigserial PRIMARY KEY, payload text);\n"
+
+// schema is the app's tables as a Rails app would have them: 50 posts,
+// likes by user, and events.
+var schema = appschema.SQL(appschema.Options{LikesColumns: likedBy, Posts: 50}) + eventsTable
 
 // env is one throwaway PostgreSQL and Redis with walcount set up.
 type env struct {

@@ -20,20 +20,16 @@ import (
 
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
 
 // appSchema is the app's tables with the columns the app itself edits: a
 // post's title, and whether it is archived.
-const appSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0,
-  title text NOT NULL DEFAULT '', archived boolean NOT NULL DEFAULT false);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
-`
+var appSchema = appschema.SQL(appschema.Options{
+	PostsColumns: "title text NOT NULL DEFAULT '', archived boolean NOT NULL DEFAULT false",
+	LikesColumns: likedBy, Posts: 50}) + eventsTable
 
 var roleSeq atomic.Int64
 
@@ -360,7 +356,7 @@ func TestCarriedKeyCrash(t *testing.T) {
 
 // readOnlySchema is appSchema with the trigger that makes archived posts
 // read-only, while archive_policy enforces it.
-const readOnlySchema = appSchema + `
+var readOnlySchema = appSchema + `
 CREATE TABLE archive_policy (enforce boolean NOT NULL);
 INSERT INTO archive_policy VALUES (true);
 CREATE FUNCTION posts_read_only() RETURNS trigger LANGUAGE plpgsql AS $$

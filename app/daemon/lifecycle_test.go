@@ -12,20 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 )
 
 // fkSchema is the app's tables with the foreign key a Rails app declares:
 // deleting a post deletes its likes, and a post's new id moves its likes.
-const fkSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY,
-  post_id bigint NOT NULL REFERENCES posts (id) ON DELETE CASCADE ON UPDATE CASCADE,
-  user_id bigint NOT NULL DEFAULT 0);
-CREATE INDEX ON likes (post_id);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
-`
+var fkSchema = appschema.SQL(appschema.Options{LikesColumns: likedBy, Index: true, Posts: 50}) +
+	"ALTER TABLE likes ADD FOREIGN KEY (post_id) REFERENCES posts (id) ON DELETE CASCADE ON UPDATE CASCADE;\n" + eventsTable
 
 // lifecycleUnderLoad runs the churn workload while change alters target
 // rows again and again, then checks that every post is exact.

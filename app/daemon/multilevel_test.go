@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/reconcile"
 )
 
@@ -21,14 +22,11 @@ import (
 // UPDATEs of posts in the WAL (posts has REPLICA IDENTITY FULL, so old and
 // new likes_count and user_id are both in the stream).
 
-const multiSchema = `
+var multiSchema = appschema.SQL(appschema.Options{PostsColumns: "user_id bigint", Index: true}) + `
 CREATE TABLE users (id bigint PRIMARY KEY, total_likes bigint NOT NULL DEFAULT 0);
-CREATE TABLE posts (id bigint PRIMARY KEY, user_id bigint, likes_count bigint NOT NULL DEFAULT 0);
 ALTER TABLE posts REPLICA IDENTITY FULL;
 CREATE INDEX ON posts (user_id);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts ON DELETE CASCADE ON UPDATE CASCADE);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE INDEX ON likes (post_id);
+ALTER TABLE likes ADD FOREIGN KEY (post_id) REFERENCES posts ON DELETE CASCADE ON UPDATE CASCADE;
 INSERT INTO users (id) SELECT g FROM generate_series(1, 10) g;
 INSERT INTO posts (id, user_id) SELECT g, 1 + g % 10 FROM generate_series(1, 30) g;
 INSERT INTO likes (post_id) SELECT 1 + g % 30 FROM generate_series(1, 600) g;

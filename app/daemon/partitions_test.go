@@ -2,27 +2,42 @@ package daemon
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/state"
 )
 
 // partitionedSchema is schema with likes partitioned by post.
-const partitionedSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0, PRIMARY KEY (id, post_id)) PARTITION BY RANGE (post_id);
+var partitionedSchema = appschema.SQL(appschema.Options{
+	LikesColumns: likedBy + ", PRIMARY KEY (id, post_id)", PartitionBy: "RANGE (post_id)", Posts: 50}) + `
 CREATE TABLE likes_a PARTITION OF likes FOR VALUES FROM (1) TO (18);
 CREATE TABLE likes_b PARTITION OF likes FOR VALUES FROM (18) TO (35);
 CREATE TABLE likes_c PARTITION OF likes FOR VALUES FROM (35) TO (52);
-ALTER TABLE likes REPLICA IDENTITY FULL;
 ALTER TABLE likes_a REPLICA IDENTITY FULL;
 ALTER TABLE likes_b REPLICA IDENTITY FULL;
 ALTER TABLE likes_c REPLICA IDENTITY FULL;
-CREATE TABLE events (id bigserial PRIMARY KEY, payload text);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 50) g;
-`
+` + eventsTable
+
+// waitLeafSaved waits until the partition watcher has saved leaf among the
+// default counter's leaves: it has compared the partitions since leaf
+// came, and marked the counter dirty in that transaction if it was to.
+// Nothing marked is then a decision, not a mark that is yet to come.
+func (e *env) waitLeafSaved(t *testing.T, leaf string) {
+	t.Helper()
+	ctx := context.Background()
+	var oid uint32
+	if err := e.db.QueryRow(ctx, "SELECT $1::regclass::oid", leaf).Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the partition watcher to save "+leaf, func() bool {
+		saved, _, err := state.SavedLeaves(ctx, e.db, e.cfg.Slot, e.cfg.Counters[0].Name)
+		return err == nil && slices.ContainsFunc(saved, func(l state.Leaf) bool { return l.OID == oid })
+	})
+}
 
 // TestPartitionedSource counts a partitioned likes under churn through
 // DDL that changes its rows without row-level changes in the WAL: TRUNCATE
@@ -81,9 +96,7 @@ func TestPartitionedSource(t *testing.T) {
 		if s.name == "create an empty partition" {
 			// No rows bypassed the WAL: nothing to repair.
 			e.waitCaughtUp(catchUp)
-			// Nothing must be marked: there is no event to wait for, only
-			// several rounds of the partition watcher to let pass.
-			time.Sleep(3 * e.cfg.SlotSettings.PollInterval)
+			e.waitLeafSaved(t, "likes_c")
 			marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot)
 			if err != nil {
 				t.Fatal(err)
@@ -243,9 +256,7 @@ func TestPartitionFilledAndAttachedInOneTransaction(t *testing.T) {
 		"INSERT INTO likes (post_id) SELECT 52 + g % 9 FROM generate_series(1, 300) g",
 	)
 	e.waitCaughtUp(catchUp)
-	// The watcher compares the partitions every poll interval; give it
-	// several. Nothing must be marked, so there is no event to wait for.
-	time.Sleep(3 * e.cfg.SlotSettings.PollInterval)
+	e.waitLeafSaved(t, "likes_d")
 	if marks, err := state.ListDirty(ctx, e.db, e.cfg.Slot); err != nil || len(marks) != 0 {
 		t.Errorf("a partition created as such and filled in its transaction marked the counter dirty: %+v (%v)", marks, err)
 	}

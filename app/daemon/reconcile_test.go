@@ -215,16 +215,13 @@ func TestBackfillWhileWriting(t *testing.T) {
 	// the posts. Wait until both are done (the last run seen is either).
 	var backfill, repair string
 	var corrected int64
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		err := e.db.QueryRow(ctx, `SELECT coalesce(string_agg(status, ',') FILTER (WHERE kind = 'backfill'), ''),
+	if !wait.Until(3*time.Minute, 50*time.Millisecond, func() bool {
+		err = e.db.QueryRow(ctx, `SELECT coalesce(string_agg(status, ',') FILTER (WHERE kind = 'backfill'), ''),
   coalesce(string_agg(status, ',') FILTER (WHERE kind = 'dirty'), ''), coalesce(sum(corrected), 0)
 FROM walcount.reconcile_runs`).Scan(&backfill, &repair, &corrected)
-		if err == nil && backfill == state.StatusDone && repair == state.StatusDone && r.d.ReconcileStatus().Current == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 3 minutes: backfill %q, repair %q (%v)", backfill, repair, err)
-		}
+		return err == nil && backfill == state.StatusDone && repair == state.StatusDone && r.d.ReconcileStatus().Current == nil
+	}) {
+		t.Fatalf("after 3 minutes: backfill %q, repair %q (%v)", backfill, repair, err)
 	}
 	stopLoad()
 	<-loadDone

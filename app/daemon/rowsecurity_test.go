@@ -21,7 +21,7 @@ import (
 // rlsSchema is schema with likes that already have rows, counted exactly
 // by the app before walcount came, of several users, and a tenant policy
 // on likes as a multi-tenant app writes it.
-const rlsSchema = schema + `
+var rlsSchema = schema + `
 INSERT INTO likes (post_id, user_id) SELECT 1 + g % 20, 1 + g % 7 FROM generate_series(1, 110) g;
 UPDATE posts p SET likes_count = (SELECT count(*) FROM likes l WHERE l.post_id = p.id);
 ALTER TABLE likes ENABLE ROW LEVEL SECURITY;

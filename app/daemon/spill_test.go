@@ -10,6 +10,7 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/internal/failpoint"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 )
 
 // spillPosts posts, liked by one transaction, with a budget of
@@ -20,12 +21,7 @@ const (
 	spillBudget = 500
 )
 
-var spillSchema = fmt.Sprintf(`
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL DEFAULT 0);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, %d) g;
-`, spillPosts)
+var spillSchema = appschema.SQL(appschema.Options{LikesColumns: likedBy, Posts: spillPosts})
 
 func spillEnv(t *testing.T) *env {
 	return newEnvWith(t, spillSchema, func(e *env) { e.cfg.AggregatorTransactionKeys = spillBudget })

@@ -10,6 +10,7 @@ import (
 
 	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 )
 
 // createCounters are two create_missing counters on one target row.
@@ -27,8 +28,8 @@ func createCounters(defaults map[string]string) []counter.Counter {
 // the counters that share the cause, with the fix.
 func TestCreateMissingCheck(t *testing.T) {
 	t.Parallel()
-	likes := `CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL);
-ALTER TABLE likes REPLICA IDENTITY FULL;`
+	// Each case's posts is the subject: it replaces the fixture's.
+	likes := appschema.SQL(appschema.Options{LikesColumns: "user_id bigint NOT NULL"}) + "DROP TABLE posts;\n"
 	tests := []struct {
 		name, schema string
 		defaults     map[string]string
@@ -63,7 +64,7 @@ ALTER TABLE likes REPLICA IDENTITY FULL;`
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, tt.schema+likes)
+			f := newFixture(t, likes+tt.schema)
 			f.cfg.Counters = createCounters(tt.defaults)
 			findings := run(t, f.cfg)
 			fd := want(t, findings, tt.check, tt.sev, tt.msg)
@@ -87,9 +88,8 @@ ALTER TABLE likes REPLICA IDENTITY FULL;`
 // columns but not insert rows is told the least GRANT that lets it.
 func TestCreateMissingInsertGrant(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, `CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, voters bigint NOT NULL DEFAULT 0, title text NOT NULL);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL);
-ALTER TABLE likes REPLICA IDENTITY FULL;`)
+	f := newFixture(t, appschema.SQL(appschema.Options{
+		PostsColumns: "voters bigint NOT NULL DEFAULT 0, title text NOT NULL", LikesColumns: "user_id bigint NOT NULL"}))
 	f.setUp(t)
 	role := fmt.Sprintf("preflight_create_%d_%d", os.Getpid(), slotSeq.Add(1))
 	f.exec(t, "CREATE ROLE "+role+" LOGIN REPLICATION")

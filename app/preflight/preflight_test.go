@@ -19,6 +19,7 @@ import (
 	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/counter"
 	"github.com/walcount/walcount/internal/pgversion"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/state"
@@ -28,10 +29,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 // goodSchema is the default counter's tables as walcount wants them: the
 // key in the replica identity, both keys indexed, a NOT NULL counter column.
-const goodSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL, UNIQUE (post_id, user_id));
-ALTER TABLE likes REPLICA IDENTITY FULL;`
+var goodSchema = appschema.SQL(appschema.Options{LikesColumns: "user_id bigint NOT NULL, UNIQUE (post_id, user_id)"})
 
 // fixture is a fresh database on the shared cluster and a Config for it.
 type fixture struct {
@@ -634,7 +632,7 @@ func TestTablesAndColumns(t *testing.T) {
 			check:   preflight.CheckColumn, sev: preflight.Problem, msg: `target_row "01" is written otherwise than PostgreSQL prints it (1)`,
 			fix: "set counters[0].target_row in the config file to 1"},
 		{name: "append_only source without the key in its identity",
-			schema:  "CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0); CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);",
+			schema:  appschema.SQL(appschema.Options{DefaultIdentity: true}),
 			counter: func(c *counter.Counter) { c.AppendOnly = true },
 			check:   preflight.CheckReplicaIdentity, sev: preflight.OK, msg: "public.likes is append_only: its replica identity need not carry the counter's columns"},
 		{name: "append_only source without any identity",

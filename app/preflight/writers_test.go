@@ -15,7 +15,7 @@ import (
 // column are not.
 func TestOtherWriters(t *testing.T) {
 	t.Parallel()
-	const schema = goodSchema + `
+	schema := goodSchema + `
 ALTER TABLE posts ADD COLUMN title text, ADD COLUMN touched int NOT NULL DEFAULT 0;
 CREATE FUNCTION likes_count() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -28,8 +29,7 @@ func TestMissingGrantsCreateMissing(t *testing.T) {
 	}
 	defer admin.Close(ctx)
 	role := fmt.Sprintf("grants_create_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
-	if _, err := admin.Exec(ctx, `CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, title text NOT NULL, body text);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
+	if _, err := admin.Exec(ctx, appschema.SQL(appschema.Options{PostsColumns: "title text NOT NULL, body text", DefaultIdentity: true})+`
 CREATE ROLE `+role+` LOGIN;
 GRANT SELECT ON likes TO `+role+`;`); err != nil {
 		t.Fatal(err)

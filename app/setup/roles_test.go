@@ -18,6 +18,7 @@ import (
 	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/app/setup"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/internal/testkit/wait"
@@ -112,10 +113,7 @@ func newThreeRoles(t *testing.T) *threeRoles {
 	}
 	t.Cleanup(func() { r.ownerConn.Close(context.Background()) })
 	// The app's migration, as the owner.
-	if _, err := r.ownerConn.Exec(ctx, `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;
+	if _, err := r.ownerConn.Exec(ctx, appschema.SQL(appschema.Options{DefaultIdentity: true, Posts: 20})+`
 INSERT INTO likes (post_id) SELECT 1 + g % 20 FROM generate_series(1, 100) g;`); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/state"
@@ -27,9 +28,8 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-const schema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
+// schema is the app's tables, whose sources have the default identity.
+var schema = appschema.SQL(appschema.Options{DefaultIdentity: true}) + `
 CREATE TABLE users (id bigint PRIMARY KEY, comments_count bigint NOT NULL DEFAULT 0, followers_count bigint NOT NULL DEFAULT 0);
 CREATE TABLE comments (id bigserial PRIMARY KEY, user_id bigint NOT NULL);
 CREATE TABLE follows (follower_id bigint, followee_id bigint, PRIMARY KEY (followee_id, follower_id));
@@ -440,8 +440,10 @@ func TestSetupRefusesWhatRunWould(t *testing.T) {
 func TestSetupPartitionedSource(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, testenv.Database(t))
-	f.exec(t, `DROP TABLE likes;
-CREATE TABLE likes (id bigserial, post_id bigint NOT NULL, created date NOT NULL DEFAULT current_date) PARTITION BY RANGE (created);
+	// The fixture's posts and likes again, with likes partitioned by the
+	// day of the like.
+	f.exec(t, "DROP TABLE likes, posts;\n"+appschema.SQL(appschema.Options{
+		LikesColumns: "created date NOT NULL DEFAULT current_date", PartitionBy: "RANGE (created)", DefaultIdentity: true})+`
 CREATE TABLE likes_old PARTITION OF likes FOR VALUES FROM ('2000-01-01') TO ('2026-01-01');
 CREATE TABLE likes_new PARTITION OF likes FOR VALUES FROM ('2026-01-01') TO ('2100-01-01');`)
 	opt := f.opts(likes)

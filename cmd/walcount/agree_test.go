@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -79,9 +80,7 @@ func TestCheckAndRunAgree(t *testing.T) {
 	}{
 		{name: "ready", schema: goodSchema, setup: true},
 		{name: "not set up", schema: goodSchema},
-		{name: "default replica identity", schema: `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`},
+		{name: "default replica identity", schema: appschema.SQL(appschema.Options{DefaultIdentity: true})},
 		{name: "config names a missing column", schema: goodSchema, setup: true,
 			config:   "counters:\n  - {name: a, source: likes, key: post_idd, target: posts, target_key: id, column: likes_count}\n",
 			problems: 1},
@@ -91,10 +90,7 @@ ALTER TABLE likes ADD COLUMN up int, ADD COLUMN down int, ADD COLUMN score int G
 		{name: "sum of a generated column walcount cannot derive", schema: goodSchema + `
 ALTER TABLE likes ADD COLUMN up int, ADD COLUMN half int GENERATED ALWAYS AS (up / 2) STORED;`,
 			config: "counters:\n  - {name: a, source: likes, key: post_id, target: posts, target_key: id, column: likes_count, sum: half}\n"},
-		{name: "missing counter column", schema: `
-CREATE TABLE posts (id bigint PRIMARY KEY);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-ALTER TABLE likes REPLICA IDENTITY FULL;`},
+		{name: "missing counter column", schema: appschema.SQL(appschema.Options{}) + "ALTER TABLE posts DROP COLUMN likes_count;"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

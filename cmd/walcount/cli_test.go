@@ -13,16 +13,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
 // The app's tables as walcount wants them.
-const goodSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-CREATE INDEX ON likes (post_id);
-ALTER TABLE likes REPLICA IDENTITY FULL;`
+var goodSchema = appschema.SQL(appschema.Options{Index: true})
 
 var slotSeq atomic.Int64
 
@@ -145,9 +142,7 @@ func TestRunRefusesDatabaseProblems(t *testing.T) {
 	t.Parallel()
 	t.Run("surrogate key and default identity", func(t *testing.T) {
 		t.Parallel()
-		c := newCLI(t, testenv.Database(t), `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
+		c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{DefaultIdentity: true}))
 		// Without --fix-replica-identity, setup refuses where run would,
 		// names the problem with its fix, and leaves nothing half done.
 		code, out := c.run("setup")
@@ -170,14 +165,11 @@ CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
 	})
 	t.Run("an unlogged partition of the source", func(t *testing.T) {
 		t.Parallel()
-		c := newCLI(t, testenv.Database(t), `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigint NOT NULL, post_id bigint NOT NULL) PARTITION BY RANGE (post_id);
+		c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{PartitionBy: "RANGE (post_id)", DefaultIdentity: true, Index: true})+`
 CREATE TABLE likes_a PARTITION OF likes FOR VALUES FROM (0) TO (100);
 CREATE UNLOGGED TABLE likes_b PARTITION OF likes FOR VALUES FROM (100) TO (200);
 ALTER TABLE likes_a REPLICA IDENTITY FULL;
-ALTER TABLE likes_b REPLICA IDENTITY FULL;
-CREATE INDEX ON likes (post_id);`)
+ALTER TABLE likes_b REPLICA IDENTITY FULL;`)
 		// Its rows are never in the WAL: setup, run and check refuse
 		// with the configuration's exit status and the fix.
 		const says = "source public.likes has UNLOGGED partitions (public.likes_b)"

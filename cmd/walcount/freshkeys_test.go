@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -22,14 +23,12 @@ import (
 // with a 422.
 func TestFreshReadsManyKeysAndErrors(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, testenv.Database(t), `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, even_likes bigint NOT NULL DEFAULT 0, last_like bigint);
+	c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{
+		PostsColumns: "even_likes bigint NOT NULL DEFAULT 0, last_like bigint",
+		LikesColumns: "n bigint NOT NULL DEFAULT 0, even boolean NOT NULL DEFAULT false", Index: true, Posts: 6})+`
+ALTER TABLE likes ADD FOREIGN KEY (post_id) REFERENCES posts;
 CREATE TABLE site (id int PRIMARY KEY, likes bigint NOT NULL DEFAULT 0);
-INSERT INTO site VALUES (1, 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts, n bigint NOT NULL DEFAULT 0, even boolean NOT NULL DEFAULT false);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE INDEX ON likes (post_id);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 6) g;`)
+INSERT INTO site VALUES (1, 0);`)
 	path := c.writeConfig(`
 counters:
   - {name: post_likes, source: likes, key: post_id, target: posts, target_key: id, column: likes_count}

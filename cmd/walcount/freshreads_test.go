@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -65,12 +66,9 @@ func freshGet(ctx context.Context, addr, path, token string) (int, freshAnswer, 
 // starting) is asked again, never accepted.
 func TestFreshReadsExactThroughKill9(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, testenv.Database(t), `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, score numeric(12,2) NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts, w numeric(10,2) NOT NULL);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE INDEX ON likes (post_id);
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;
+	c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{
+		PostsColumns: "score numeric(12,2) NOT NULL DEFAULT 0", LikesColumns: "w numeric(10,2) NOT NULL", Index: true, Posts: 20})+`
+ALTER TABLE likes ADD FOREIGN KEY (post_id) REFERENCES posts;
 INSERT INTO posts (id) SELECT g FROM generate_series(101, 104) g;`)
 	path := c.writeConfig(`
 counters:

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -17,13 +18,10 @@ import (
 // levels against SQL once a last daemon has caught up.
 func TestMultiLevelSurvivesKill9(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, testenv.Database(t), `
+	c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{PostsColumns: "user_id bigint", Index: true})+`
 CREATE TABLE users (id bigint PRIMARY KEY, total_likes bigint NOT NULL DEFAULT 0);
-CREATE TABLE posts (id bigint PRIMARY KEY, user_id bigint, likes_count bigint NOT NULL DEFAULT 0);
 ALTER TABLE posts REPLICA IDENTITY FULL;
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-CREATE INDEX ON likes (post_id);
+ALTER TABLE likes ADD FOREIGN KEY (post_id) REFERENCES posts;
 INSERT INTO users (id) SELECT g FROM generate_series(1, 8) g;
 INSERT INTO posts (id, user_id) SELECT g, 1 + g % 8 FROM generate_series(1, 20) g;
 INSERT INTO likes (post_id) SELECT 1 + g % 20 FROM generate_series(1, 200) g;`)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
 
@@ -52,9 +53,7 @@ func TestCheckPrintsEveryOwnerStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.Database(t)
-	c := newCLI(t, dbURL, `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
+	c := newCLI(t, dbURL, appschema.SQL(appschema.Options{DefaultIdentity: true})+`
 CREATE TABLE users (id bigint PRIMARY KEY, comments_count bigint NOT NULL DEFAULT 0);
 CREATE TABLE comments (id bigserial PRIMARY KEY, user_id bigint NOT NULL);`)
 	n := slotSeq.Add(1)

@@ -20,6 +20,7 @@ import (
 	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/httpapi"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/internal/testkit/wait"
 	"github.com/walcount/walcount/reconcile"
@@ -49,11 +50,7 @@ func TestReconcileCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 30) g;`); err != nil {
+	if _, err := conn.Exec(ctx, appschema.SQL(appschema.Options{Posts: 30})); err != nil {
 		t.Fatal(err)
 	}
 	cfg := config.Default()

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/internal/testkit/wait"
 )
@@ -32,11 +33,7 @@ func TestRunStopsCleanlyOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 10) g;`); err != nil {
+	if _, err := conn.Exec(ctx, appschema.SQL(appschema.Options{Posts: 10})); err != nil {
 		t.Fatal(err)
 	}
 	env := append(os.Environ(), "WALCOUNT_DATABASE_URL="+dbURL, "WALCOUNT_REDIS_URL="+redisURL)

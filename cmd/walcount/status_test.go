@@ -20,6 +20,7 @@ import (
 	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/httpapi"
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/internal/testkit/wait"
@@ -33,12 +34,7 @@ import (
 
 const within = 90 * time.Second
 
-const appSchema = `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;
-`
+var appSchema = appschema.SQL(appschema.Options{Posts: 20})
 
 // cluster is a private PostgreSQL and Redis with the app's tables and
 // walcount set up (slot, publication, checkpoint).

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 )
@@ -156,9 +157,7 @@ func TestSetupNeverAdoptsAStaleSlot(t *testing.T) {
 // --restore-replica-identity runs it.
 func TestTeardownRestoreReplicaIdentityFlag(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, testenv.Database(t), `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);`)
+	c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{DefaultIdentity: true}))
 	ident := func() string {
 		var s string
 		if err := c.conn.QueryRow(context.Background(), "SELECT relreplident::text FROM pg_class WHERE oid = 'likes'::regclass").Scan(&s); err != nil {

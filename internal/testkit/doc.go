@@ -1,7 +1,8 @@
 // Package testkit holds walcount's test kit: servers starts throwaway
 // PostgreSQL, PgBouncer and Redis (single, TLS, cluster, Sentinel)
-// processes, testenv shares them between a package's tests, wait waits
-// on a condition instead of a sleep, and golden compares an output with a
+// processes, testenv shares them between a package's tests, appschema
+// is the app's posts and likes that the tests count, wait waits on a
+// condition instead of a sleep, and golden compares an output with a
 // golden file of testdata (-update rewrites it); make demo's entry point,
 // cmd/demo at the top of the tree, uses servers too.
 //

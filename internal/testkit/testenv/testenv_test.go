@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
@@ -136,7 +137,7 @@ func TestDatabaseIsolation(t *testing.T) {
 		}
 		names = []string{dbName(t, url1), dbName(t, url2)}
 		c1, c2 := pgConnect(t, url1), pgConnect(t, url2)
-		if _, err := c1.Exec(ctx, "CREATE TABLE likes (post_id bigint)"); err != nil {
+		if _, err := c1.Exec(ctx, appschema.SQL(appschema.Options{})); err != nil {
 			t.Fatal(err)
 		}
 		var found bool
