@@ -27,15 +27,11 @@ const maxCorrectionsPerMessage = 10_000
 // that is not in the counter columns.
 func (r *Reconciler) emitCorrections(ctx context.Context, drift []KeyDrift) (cdc.LSN, error) {
 	for chunk := range slices.Chunk(drift, maxCorrectionsPerMessage) {
-		c := correction{Correct: make(map[string]int64, len(chunk)), Slot: r.opt.Slot}
-		for _, d := range chunk {
-			c.Correct[counter.Field(d.Counter, d.Key)] = d.Correction
-		}
-		content, err := json.Marshal(c)
+		content, err := r.correctionContent(chunk)
 		if err != nil {
 			return 0, err
 		}
-		if err := cdc.PostMessage(ctx, r.opt.Pool, string(content)); err != nil {
+		if err := cdc.PostMessage(ctx, r.opt.Pool, content); err != nil {
 			return 0, fmt.Errorf("emit corrections: %w", err)
 		}
 		if err := r.opt.Failpoints.Inject(failpoint.AfterCorrection); err != nil {
@@ -44,11 +40,7 @@ func (r *Reconciler) emitCorrections(ctx context.Context, drift []KeyDrift) (cdc
 	}
 	// The messages' transactions end before the server's insert position
 	// read after they committed.
-	var end cdc.LSN
-	if err := r.opt.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end); err != nil {
-		return 0, fmt.Errorf("read the position of the corrections: %w", err)
-	}
-	return end, nil
+	return r.correctionsEnd(ctx)
 }
 
 // correctVia writes a backfill's corrections of a via counter straight
@@ -86,17 +78,17 @@ func (r *Reconciler) correctVia(ctx context.Context, sql *counter.Resolved, top 
 			if err != nil || len(missed) == 0 {
 				return err
 			}
-			c := correction{Correct: make(map[string]int64, len(missed)), Slot: r.opt.Slot}
+			var carried []KeyDrift
 			for _, d := range chunk {
 				if slices.Contains(missed, d.Key) {
-					c.Correct[counter.Field(d.Counter, d.Key)] = d.Correction
+					carried = append(carried, d)
 				}
 			}
-			content, err := json.Marshal(c)
+			content, err := r.correctionContent(carried)
 			if err != nil {
 				return err
 			}
-			return cdc.PostMessage(ctx, tx, string(content))
+			return cdc.PostMessage(ctx, tx, content)
 		})
 		if err != nil {
 			return 0, fmt.Errorf("correct via table of %s: %w", top, err)
@@ -105,6 +97,26 @@ func (r *Reconciler) correctVia(ctx context.Context, sql *counter.Resolved, top 
 			return 0, err
 		}
 	}
+	return r.correctionsEnd(ctx)
+}
+
+// correctionContent is the content of the message that carries the
+// corrections of drift (correction).
+func (r *Reconciler) correctionContent(drift []KeyDrift) (string, error) {
+	c := correction{Correct: make(map[string]int64, len(drift)), Slot: r.opt.Slot}
+	for _, d := range drift {
+		c.Correct[counter.Field(d.Counter, d.Key)] = d.Correction
+	}
+	content, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	return string(content), nil
+}
+
+// correctionsEnd returns the server's insert position, read once the
+// corrections' transactions committed: a position past them.
+func (r *Reconciler) correctionsEnd(ctx context.Context) (cdc.LSN, error) {
 	var end cdc.LSN
 	if err := r.opt.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end); err != nil {
 		return 0, fmt.Errorf("read the position of the corrections: %w", err)
