@@ -390,3 +390,16 @@ func (p *pass) save(ctx context.Context) error {
 	}
 	return p.io.progress(ctx, p.run, drift)
 }
+
+// nextKeys returns up to n of the sorted keys after last ("" for the
+// first).
+func nextKeys(keys []string, last string, n int) []string {
+	i := 0
+	if last != "" {
+		i, _ = slices.BinarySearch(keys, last)
+		if i < len(keys) && keys[i] == last {
+			i++
+		}
+	}
+	return keys[i:min(i+n, len(keys))]
+}

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -20,16 +19,9 @@ import (
 // so that it fails rather than drop a hidden row's deltas before this
 // check comes round.
 func (d *Daemon) watchTargetViews(ctx context.Context, stop context.CancelCauseFunc) {
-	t := time.NewTicker(d.cfg.SlotSettings.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = everyTick(ctx, d.cfg.SlotSettings.PollInterval, func() error {
 		if !d.streaming() {
-			continue
+			return nil
 		}
 		for _, c := range d.cfg.Counters {
 			cctx, cancel := context.WithTimeout(ctx, sampleTimeout)
@@ -37,11 +29,12 @@ func (d *Daemon) watchTargetViews(ctx context.Context, stop context.CancelCauseF
 			cancel()
 			if errors.Is(err, counter.ErrPartialView) {
 				stop(err)
-				return
+				return err // ends the watch
 			}
 			if err != nil && ctx.Err() == nil {
 				d.log.Debug("cannot read a target's row-level security", zap.String("counter", c.Name), zap.Error(err))
 			}
 		}
-	}
+		return nil
+	})
 }

@@ -31,21 +31,15 @@ func (d *Daemon) collectVia(ctx context.Context) {
 	if len(d.viaCounters()) == 0 {
 		return
 	}
-	t := time.NewTicker(d.opt.ViaCollectInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = everyTick(ctx, d.opt.ViaCollectInterval, func() error {
 		if !d.streaming() {
-			continue
+			return nil
 		}
 		if _, err := d.CollectVia(ctx); err != nil && ctx.Err() == nil {
 			d.log.Warn("cannot collect the via rows of deleted parents; trying again later", zap.Error(err))
 		}
-	}
+		return nil
+	})
 }
 
 // viaCounters returns the total counter of each via table: the one that

@@ -50,31 +50,19 @@ ORDER BY 1`)
 	if err := r.conn.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'supabase_admin')`).Scan(&supabase); err != nil {
 		return r.queryFailed(CheckProvider, "the provider's roles", err)
 	}
-	on := func(v string) bool { return v == "on" || v == "1" || v == "true" }
-
 	if prefixes["rds"] {
-		v, found := settings["rds.logical_replication"]
-		switch {
-		case !found:
-			r.ok(CheckProvider, "rds.* settings: Amazon RDS or Aurora; rds.logical_replication is not visible to this role (the wal_level check says whether logical decoding is on)")
-		case on(v):
-			r.ok(CheckProvider, fmt.Sprintf("rds.* settings: Amazon RDS or Aurora; rds.logical_replication is %s (wal_level follows it); walcount's role needs rds_replication membership (GRANT rds_replication TO <role>) or rds_superuser", v))
-		default:
-			r.problem(CheckProvider, fmt.Sprintf("rds.* settings: Amazon RDS or Aurora, and rds.logical_replication is %s: wal_level cannot be logical", v),
-				"set rds.logical_replication = 1 in the instance's DB parameter group (Aurora: the DB cluster parameter group) and reboot")
-		}
+		r.checkLogicalSwitch(settings, logicalSwitch{
+			prefix: "rds", provider: "Amazon RDS or Aurora", setting: "rds.logical_replication",
+			onNote: " (wal_level follows it); walcount's role needs rds_replication membership (GRANT rds_replication TO <role>) or rds_superuser",
+			fix:    "set rds.logical_replication = 1 in the instance's DB parameter group (Aurora: the DB cluster parameter group) and reboot",
+		})
 	}
 	if prefixes["cloudsql"] {
-		v, found := settings["cloudsql.logical_decoding"]
-		switch {
-		case !found:
-			r.ok(CheckProvider, "cloudsql.* settings: Google Cloud SQL; cloudsql.logical_decoding is not visible to this role (the wal_level check says whether logical decoding is on)")
-		case on(v):
-			r.ok(CheckProvider, fmt.Sprintf("cloudsql.* settings: Google Cloud SQL; cloudsql.logical_decoding is %s; walcount's role needs REPLICATION, which the cloudsqlsuperuser admin grants (ALTER ROLE <role> REPLICATION)", v))
-		default:
-			r.problem(CheckProvider, fmt.Sprintf("cloudsql.* settings: Google Cloud SQL, and cloudsql.logical_decoding is %s: wal_level cannot be logical", v),
-				"gcloud sql instances patch <instance> --database-flags=cloudsql.logical_decoding=on (the instance restarts)")
-		}
+		r.checkLogicalSwitch(settings, logicalSwitch{
+			prefix: "cloudsql", provider: "Google Cloud SQL", setting: "cloudsql.logical_decoding",
+			onNote: "; walcount's role needs REPLICATION, which the cloudsqlsuperuser admin grants (ALTER ROLE <role> REPLICATION)",
+			fix:    "gcloud sql instances patch <instance> --database-flags=cloudsql.logical_decoding=on (the instance restarts)",
+		})
 	}
 	if prefixes["azure"] {
 		r.ok(CheckProvider, "azure.* settings: Azure Database for PostgreSQL; wal_level is a server parameter (set it to logical and restart), and the admin grants walcount's role REPLICATION (ALTER ROLE <role> REPLICATION)")
@@ -87,4 +75,31 @@ ORDER BY 1`)
 			"enable logical replication in the Neon project's settings; keep walcount running, alert on walcount_slot_retained_wal_bytes, and set on_slot_loss: recreate (or run walcount setup --recreate-slot) to repair the counters after a loss")
 	}
 	return nil
+}
+
+// logicalSwitch is a provider's own setting for logical decoding, which
+// wal_level follows.
+type logicalSwitch struct {
+	prefix   string // of the provider's settings: rds for rds.*
+	provider string // its name in a finding
+	setting  string
+	// onNote follows "<setting> is <value>" when the switch is on: what
+	// else walcount's role needs there.
+	onNote string
+	fix    string // the fix when it is off
+}
+
+// checkLogicalSwitch reports a provider's switch for logical decoding: not
+// visible to walcount's role, on, or off (a problem, with the provider's
+// fix).
+func (r *run) checkLogicalSwitch(settings map[string]string, s logicalSwitch) {
+	v, found := settings[s.setting]
+	switch {
+	case !found:
+		r.ok(CheckProvider, fmt.Sprintf("%s.* settings: %s; %s is not visible to this role (the wal_level check says whether logical decoding is on)", s.prefix, s.provider, s.setting))
+	case v == "on" || v == "1" || v == "true":
+		r.ok(CheckProvider, fmt.Sprintf("%s.* settings: %s; %s is %s%s", s.prefix, s.provider, s.setting, v, s.onNote))
+	default:
+		r.problem(CheckProvider, fmt.Sprintf("%s.* settings: %s, and %s is %s: wal_level cannot be logical", s.prefix, s.provider, s.setting, v), s.fix)
+	}
 }

@@ -18,7 +18,41 @@ import (
 // it should hold is package publication's layout, which setup creates.
 func (r *run) checkPublication() error {
 	pub := r.ident(r.cfg.Publication)
-	layout, unusable, err := publication.Layout(r.version, r.cfg.Counters, func(name string) (*counter.Table, error) {
+	layout, unusable, err := r.publicationLayout()
+	if err != nil {
+		return r.queryFailed(CheckPublication, "tables of the counters", err)
+	}
+	r.reportUnpublishable(unusable)
+	listed, sourceNames := r.layoutEntries(layout)
+	flags, err := r.readPublication()
+	if errNoRows(err) {
+		r.reportNoPublication(pub, layout, listed)
+		return nil
+	}
+	if err != nil {
+		return r.queryFailed(CheckPublication, "publication "+r.cfg.Publication, err)
+	}
+	opsOK := r.checkOperations(pub, flags)
+	genOK, err := r.checkGeneratedColumns(pub, layout)
+	if err != nil {
+		return r.queryFailed(CheckPublication, "publication "+r.cfg.Publication, err)
+	}
+	published, err := r.publishedTables()
+	if err != nil {
+		return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
+	}
+	rootOK := r.checkViaRoot(pub, layout, flags)
+	tablesOK := r.checkPublishedTables(pub, layout, published, flags)
+	if opsOK && genOK && rootOK && tablesOK {
+		r.reportPublicationOK(layout, listed, sourceNames)
+	}
+	return nil
+}
+
+// publicationLayout returns what the publication should hold (package
+// publication's layout) and the tables that cannot be in it.
+func (r *run) publicationLayout() ([]publication.Table, []*counter.Table, error) {
+	return publication.Layout(r.version, r.cfg.Counters, func(name string) (*counter.Table, error) {
 		t, err := r.lookupTable(name)
 		if err != nil {
 			return nil, err
@@ -32,9 +66,12 @@ func (r *run) checkPublication() error {
 		}
 		return t.Table, nil
 	})
-	if err != nil {
-		return r.queryFailed(CheckPublication, "tables of the counters", err)
-	}
+}
+
+// reportUnpublishable reports the tables that cannot be in the
+// publication: a source whose replica identity cannot carry what the
+// counters read, a target without a replica identity.
+func (r *run) reportUnpublishable(unusable []*counter.Table) {
 	for _, t := range unusable {
 		sql := r.qualified(t.Schema, t.Name)
 		if why := publication.Unpublishable(r.version, t); why != "" {
@@ -48,68 +85,98 @@ func (r *run) checkPublication() error {
 				sql, identityName(t.ReplIdent)),
 			fmt.Sprintf("ALTER TABLE %s ADD PRIMARY KEY (...); or ALTER TABLE %s REPLICA IDENTITY FULL;", sql, sql))
 	}
-	listed := make([]string, len(layout))
-	var sourceNames []string
+}
+
+// layoutEntries returns the layout's tables as the fixes list them
+// (pubEntry) and the names of its sources.
+func (r *run) layoutEntries(layout []publication.Table) (listed, sourceNames []string) {
+	listed = make([]string, len(layout))
 	for i, t := range layout {
 		listed[i] = r.pubEntry(t)
 		if t.Source {
 			sourceNames = append(sourceNames, r.qualified(t.Schema, t.Name))
 		}
 	}
+	return listed, sourceNames
+}
 
-	var ins, upd, del, trunc, viaRoot, allTables bool
-	err = r.conn.QueryRow(r.ctx, `
+// pubFlags is what pg_publication says of the publication.
+type pubFlags struct {
+	ins, upd, del, trunc, viaRoot, allTables bool
+}
+
+// readPublication reads the publication's row of pg_publication; its error
+// is pgx.ErrNoRows when there is no such publication.
+func (r *run) readPublication() (pubFlags, error) {
+	var f pubFlags
+	err := r.conn.QueryRow(r.ctx, `
 SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot, puballtables
-FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &del, &trunc, &viaRoot, &allTables)
-	if errNoRows(err) {
-		fix := "walcount setup"
-		if len(listed) > 0 {
-			fix = r.ownerFix(fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout)))
-		}
-		r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
-		return nil
-	}
-	if err != nil {
-		return r.queryFailed(CheckPublication, "publication "+r.cfg.Publication, err)
-	}
+FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&f.ins, &f.upd, &f.del, &f.trunc, &f.viaRoot, &f.allTables)
+	return f, err
+}
 
-	ok := true
+// reportNoPublication reports that the publication does not exist, with
+// the statement that creates it.
+func (r *run) reportNoPublication(pub string, layout []publication.Table, listed []string) {
+	fix := "walcount setup"
+	if len(listed) > 0 {
+		fix = r.ownerFix(fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s%s;", pub, strings.Join(listed, ", "), publication.CreateOptions(r.version, layout)))
+	}
+	r.setupProblem(CheckPublication, fmt.Sprintf("publication %s does not exist", r.cfg.Publication), fix)
+}
+
+// checkOperations checks that the publication publishes insert, update,
+// delete and truncate, and reports whether it does.
+func (r *run) checkOperations(pub string, f pubFlags) bool {
 	var ops []string
 	for _, o := range []struct {
 		on   bool
 		name string
-	}{{ins, "insert"}, {upd, "update"}, {del, "delete"}, {trunc, "truncate"}} {
+	}{{f.ins, "insert"}, {f.upd, "update"}, {f.del, "delete"}, {f.trunc, "truncate"}} {
 		if !o.on {
 			ops = append(ops, o.name)
 		}
 	}
 	if len(ops) > 0 {
-		ok = false
 		r.setupProblem(CheckPublication,
 			fmt.Sprintf("publication %s does not publish %s: those changes would never be counted", r.cfg.Publication, strings.Join(ops, ", ")),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert, update, delete, truncate');", pub))
+		return false
 	}
+	return true
+}
 
-	if publication.Generated(r.version, layout) {
-		var gencols string
-		if err := r.conn.QueryRow(r.ctx, `SELECT pubgencols::text FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&gencols); err != nil {
-			return r.queryFailed(CheckPublication, "publication "+r.cfg.Publication, err)
-		}
-		if gencols != "s" {
-			ok = false
-			var held []string
-			for _, t := range layout {
-				if stored, _ := t.GeneratedInIdentity(); t.Columns == nil && len(stored) > 0 {
-					held = append(held, fmt.Sprintf("%s (%s)", r.qualified(t.Schema, t.Name), strings.Join(stored, ", ")))
-				}
-			}
-			r.setupProblem(CheckPublication,
-				fmt.Sprintf("publication %s does not publish generated columns, and the replica identity of %s holds one: PostgreSQL %d refuses every UPDATE and DELETE of such a table while it is published (SQLSTATE 42P10)",
-					r.cfg.Publication, strings.Join(held, ", "), r.version.Major()),
-				fmt.Sprintf("ALTER PUBLICATION %s SET (publish_generated_columns = stored);", pub))
+// checkGeneratedColumns checks, when a replica identity of the layout
+// holds a generated column, that the publication publishes stored
+// generated columns, and reports whether all is well. Its error is the
+// query's.
+func (r *run) checkGeneratedColumns(pub string, layout []publication.Table) (bool, error) {
+	if !publication.Generated(r.version, layout) {
+		return true, nil
+	}
+	var gencols string
+	if err := r.conn.QueryRow(r.ctx, `SELECT pubgencols::text FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&gencols); err != nil {
+		return false, err
+	}
+	if gencols == "s" {
+		return true, nil
+	}
+	var held []string
+	for _, t := range layout {
+		if stored, _ := t.GeneratedInIdentity(); t.Columns == nil && len(stored) > 0 {
+			held = append(held, fmt.Sprintf("%s (%s)", r.qualified(t.Schema, t.Name), strings.Join(stored, ", ")))
 		}
 	}
+	r.setupProblem(CheckPublication,
+		fmt.Sprintf("publication %s does not publish generated columns, and the replica identity of %s holds one: PostgreSQL %d refuses every UPDATE and DELETE of such a table while it is published (SQLSTATE 42P10)",
+			r.cfg.Publication, strings.Join(held, ", "), r.version.Major()),
+		fmt.Sprintf("ALTER PUBLICATION %s SET (publish_generated_columns = stored);", pub))
+	return false, nil
+}
 
+// publishedTables reads the publication's tables from
+// pg_publication_tables, by schema and name joined with a NUL.
+func (r *run) publishedTables() (map[string]pubTable, error) {
 	// pg_publication_tables resolves FOR ALL TABLES and FOR TABLES IN
 	// SCHEMA; from PostgreSQL 15 on it also shows column lists (attnames
 	// lists every column when there is none) and row filters.
@@ -120,108 +187,139 @@ FROM pg_publication WHERE pubname = $1`, r.cfg.Publication).Scan(&ins, &upd, &de
 	}
 	rows, err := r.conn.Query(r.ctx, query, r.cfg.Publication)
 	if err != nil {
-		return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
+		return nil, err
 	}
 	for rows.Next() {
 		var schema, name string
 		var p pubTable
 		if err := rows.Scan(&schema, &name, &p.columns, &p.rowFilter); err != nil {
 			rows.Close()
-			return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
+			return nil, err
 		}
 		published[schema+"\x00"+name] = p
 	}
 	if err := rows.Err(); err != nil {
-		return r.queryFailed(CheckPublication, "tables of publication "+r.cfg.Publication, err)
+		return nil, err
 	}
+	return published, nil
+}
 
-	if publication.ViaRoot(layout) && !viaRoot {
-		// Without it pgoutput names each change by its partition, which
-		// matches no counter.
-		ok = false
-		var parts []string
-		for _, t := range layout {
-			if t.Kind == "p" {
-				parts = append(parts, r.qualified(t.Schema, t.Name))
-			}
-		}
-		r.setupProblem(CheckPublication,
-			fmt.Sprintf("%s is partitioned but publication %s does not publish via the partition root", strings.Join(parts, ", "), r.cfg.Publication),
-			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
+// checkViaRoot checks that a publication of a partitioned table publishes
+// via the partition root, and reports whether it does or need not.
+func (r *run) checkViaRoot(pub string, layout []publication.Table, f pubFlags) bool {
+	if !publication.ViaRoot(layout) || f.viaRoot {
+		return true
 	}
+	// Without it pgoutput names each change by its partition, which
+	// matches no counter.
+	var parts []string
 	for _, t := range layout {
-		sql := r.qualified(t.Schema, t.Name)
-		p, found := published[t.Schema+"\x00"+t.Name]
-		if t.Kind == "p" && !viaRoot {
-			// Reported above: without publish_via_partition_root the
-			// publication lists the partitions, not the table.
-			continue
+		if t.Kind == "p" {
+			parts = append(parts, r.qualified(t.Schema, t.Name))
 		}
-		if !found && t.Messages && allTables {
-			continue // made by walcount setup, and published with it
-		}
-		if !found {
+	}
+	r.setupProblem(CheckPublication,
+		fmt.Sprintf("%s is partitioned but publication %s does not publish via the partition root", strings.Join(parts, ", "), r.cfg.Publication),
+		fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", pub))
+	return false
+}
+
+// checkPublishedTables checks every table of the layout against the
+// publication's tables (checkPublishedTable), and reports whether all are
+// published as walcount needs.
+func (r *run) checkPublishedTables(pub string, layout []publication.Table, published map[string]pubTable, f pubFlags) bool {
+	ok := true
+	for _, t := range layout {
+		if !r.checkPublishedTable(pub, t, published, f) {
 			ok = false
-			msg := fmt.Sprintf("publication %s does not include %s", r.cfg.Publication, sql)
-			switch {
-			case t.Messages:
-				msg += ": walcount's flush markers, reconciliation markers and corrections travel as its rows, and walcount would wait for them forever (run walcount setup, which creates the table in state schema version 3 and adds it)"
-			case !t.Source:
-				msg = fmt.Sprintf("publication %s does not include the target %s", r.cfg.Publication, sql)
-			}
-			r.setupProblem(CheckPublication, msg, r.ownerFix(fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t))))
-			continue
 		}
-		readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[3]s;", pub, sql, r.pubEntry(t))
-		if p.rowFilter != nil {
+	}
+	return ok
+}
+
+// checkPublishedTable checks that the publication includes t with all its
+// rows and the columns walcount reads of it, and reports whether it does
+// (or the table is reported elsewhere, or need not be listed).
+func (r *run) checkPublishedTable(pub string, t publication.Table, published map[string]pubTable, f pubFlags) bool {
+	sql := r.qualified(t.Schema, t.Name)
+	p, found := published[t.Schema+"\x00"+t.Name]
+	if t.Kind == "p" && !f.viaRoot {
+		// Reported above: without publish_via_partition_root the
+		// publication lists the partitions, not the table.
+		return true
+	}
+	if !found && t.Messages && f.allTables {
+		return true // made by walcount setup, and published with it
+	}
+	if !found {
+		msg := fmt.Sprintf("publication %s does not include %s", r.cfg.Publication, sql)
+		switch {
+		case t.Messages:
+			msg += ": walcount's flush markers, reconciliation markers and corrections travel as its rows, and walcount would wait for them forever (run walcount setup, which creates the table in state schema version 3 and adds it)"
+		case !t.Source:
+			msg = fmt.Sprintf("publication %s does not include the target %s", r.cfg.Publication, sql)
+		}
+		r.setupProblem(CheckPublication, msg, r.ownerFix(fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", pub, r.pubEntry(t))))
+		return false
+	}
+	ok := true
+	readd := fmt.Sprintf("ALTER PUBLICATION %[1]s DROP TABLE %[2]s; ALTER PUBLICATION %[1]s ADD TABLE %[3]s;", pub, sql, r.pubEntry(t))
+	if p.rowFilter != nil {
+		ok = false
+		r.setupProblem(CheckPublication,
+			fmt.Sprintf("publication %s filters the rows of %s (WHERE %s): walcount must see every row; put filters in the counter's where", r.cfg.Publication, sql, *p.rowFilter),
+			readd)
+	}
+	if p.columns != nil {
+		if missing := r.unpublishedColumns(t, p); len(missing) > 0 {
 			ok = false
 			r.setupProblem(CheckPublication,
-				fmt.Sprintf("publication %s filters the rows of %s (WHERE %s): walcount must see every row; put filters in the counter's where", r.cfg.Publication, sql, *p.rowFilter),
+				fmt.Sprintf("publication %s leaves out column %s of %s", r.cfg.Publication, strings.Join(missing, ", "), sql),
 				readd)
 		}
-		if p.columns != nil {
-			var need []string
-			if t.Source {
-				need = readColumns(r.cfg.Counters, &table{Table: t.Table})
-			}
-			for _, c := range r.cfg.Counters {
-				if ts, tn := counter.SplitTable(c.Target); t.Target && ts == t.Schema && tn == t.Name && !slices.Contains(need, c.TargetKey) {
-					need = append(need, c.TargetKey)
-				}
-			}
-			var missing []string
-			for _, col := range need {
-				if _, exists := t.Table.Columns[col]; !exists {
-					continue // a problem of the configuration, reported by checkColumns
-				}
-				if !slices.Contains(p.columns, col) {
-					missing = append(missing, r.ident(col))
-				}
-			}
-			if len(missing) > 0 {
-				ok = false
-				r.setupProblem(CheckPublication,
-					fmt.Sprintf("publication %s leaves out column %s of %s", r.cfg.Publication, strings.Join(missing, ", "), sql),
-					readd)
-			}
-		}
 	}
+	return ok
+}
 
-	if ok {
-		msg := fmt.Sprintf("publication %s publishes insert, update, delete and truncate of %s", r.cfg.Publication, strings.Join(sourceNames, ", "))
-		var targets []string
-		for i, t := range layout {
-			if !t.Source && !t.Messages {
-				targets = append(targets, listed[i])
-			}
-		}
-		if len(targets) > 0 {
-			msg += ", and follows the targets " + strings.Join(targets, ", ")
-		}
-		msg += "; walcount's own messages come as rows of " + cdc.MessageTable
-		r.ok(CheckPublication, msg)
+// unpublishedColumns returns, quoted, the columns of t walcount reads (a
+// source's read columns, a target's key) that the publication's column
+// list p leaves out.
+func (r *run) unpublishedColumns(t publication.Table, p pubTable) []string {
+	var need []string
+	if t.Source {
+		need = readColumns(r.cfg.Counters, &table{Table: t.Table})
 	}
-	return nil
+	for _, c := range r.cfg.Counters {
+		if ts, tn := counter.SplitTable(c.Target); t.Target && ts == t.Schema && tn == t.Name && !slices.Contains(need, c.TargetKey) {
+			need = append(need, c.TargetKey)
+		}
+	}
+	var missing []string
+	for _, col := range need {
+		if _, exists := t.Table.Columns[col]; !exists {
+			continue // a problem of the configuration, reported by checkColumns
+		}
+		if !slices.Contains(p.columns, col) {
+			missing = append(missing, r.ident(col))
+		}
+	}
+	return missing
+}
+
+// reportPublicationOK reports a publication that holds all walcount needs.
+func (r *run) reportPublicationOK(layout []publication.Table, listed, sourceNames []string) {
+	msg := fmt.Sprintf("publication %s publishes insert, update, delete and truncate of %s", r.cfg.Publication, strings.Join(sourceNames, ", "))
+	var targets []string
+	for i, t := range layout {
+		if !t.Source && !t.Messages {
+			targets = append(targets, listed[i])
+		}
+	}
+	if len(targets) > 0 {
+		msg += ", and follows the targets " + strings.Join(targets, ", ")
+	}
+	msg += "; walcount's own messages come as rows of " + cdc.MessageTable
+	r.ok(CheckPublication, msg)
 }
 
 // pubEntry renders a table of the publication's layout for a fix: its

@@ -68,22 +68,88 @@ func bind(sql string, args ...any) string {
 // and returns an error.
 func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pgversion.Version, opt Options, res *Result) error {
 	p := &printer{out: opt.Out, res: res}
-	var user, db string
-	if err := conn.QueryRow(ctx, "SELECT current_user::text, current_database()::text").Scan(&user, &db); err != nil {
-		return fmt.Errorf("read current role: %w", err)
+	user, db, err := currentRole(ctx, conn)
+	if err != nil {
+		return err
 	}
 	role := pgx.Identifier{user}.Sanitize()
+	printHeader(p, cfg, user, db)
+
+	// The counters' tables, as the catalog has them.
+	tables := map[string]*counter.Table{}
+	lookup := cachedLookup(ctx, conn, tables)
+	missing, err := missingTables(cfg.Counters, lookup)
+	if err != nil {
+		return err
+	}
+
+	// 1. The state schema, owned by walcount's role.
+	from, stateOwner, err := printStateSchema(ctx, conn, p, user, db)
+	if err != nil {
+		return err
+	}
+
+	// 2. What walcount's role reads and writes in the app's tables.
+	if err := printGrants(ctx, conn, p, cfg.Counters, lookup, user, role); err != nil {
+		return err
+	}
+
+	// 3. Replica identity, when asked.
+	if opt.FixReplicaIdentity {
+		if err := printIdentityFixes(ctx, conn, p, res, cfg.Counters, tables, stateOwner); err != nil {
+			return err
+		}
+	}
+
+	// The via tables of counters removed from the configuration.
+	if err := printDropRemovedVia(ctx, conn, p, res, cfg); err != nil {
+		return err
+	}
+
+	// 4. The publication.
+	p.blank()
+	pub := pgx.Identifier{cfg.Publication}.Sanitize()
+	if len(missing) > 0 {
+		p.comment("4. The publication: NOT PRINTED, because %s does not exist.\n"+
+			"   Create the table (the app's migration), then run walcount setup --print-sql again.", strings.Join(missing, ", "))
+	} else if err := printPublication(ctx, conn, p, cfg, version, lookup, from == state.Version, user, stateOwner, db, pub); err != nil {
+		return err
+	}
+
+	// 5. The slot.
+	if err := printSlot(ctx, conn, p, cfg, version, opt, user); err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("no publication printed: %s does not exist; create it, then run walcount setup --print-sql again", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// currentRole returns the current role and database: walcount's role, and
+// the database the SQL is for.
+func currentRole(ctx context.Context, conn *pgx.Conn) (user, db string, err error) {
+	if err := conn.QueryRow(ctx, "SELECT current_user::text, current_database()::text").Scan(&user, &db); err != nil {
+		return "", "", fmt.Errorf("read current role: %w", err)
+	}
+	return user, db, nil
+}
+
+// printHeader prints the comment that opens the SQL: for whom it is, and
+// how to run it.
+func printHeader(p *printer, cfg config.Config, user, db string) {
 	p.comment("walcount setup --print-sql: what the owner of the tables runs once for walcount's role %s\n"+
 		"(slot %q, publication %q, database %s). Run it as the tables' owner:\n"+
 		"    psql -v ON_ERROR_STOP=1 -f this-file.sql\n"+
 		"then run walcount setup as %s: it creates the slot and leaves what exists and matches alone.\n"+
 		"Each group says what it needs; a group that has nothing to do says so.",
 		user, cfg.Slot, cfg.Publication, db, user)
+}
 
-	// The counters' tables, as the catalog has them.
-	var missing []string
-	tables := map[string]*counter.Table{}
-	lookup := func(name string) (*counter.Table, error) {
+// cachedLookup returns a lookup of tables in the catalog that reads each
+// table once and keeps it in tables.
+func cachedLookup(ctx context.Context, conn *pgx.Conn, tables map[string]*counter.Table) publication.Lookup {
+	return func(name string) (*counter.Table, error) {
 		if t, ok := tables[name]; ok {
 			return t, nil
 		}
@@ -95,34 +161,45 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 		tables[name] = t
 		return t, nil
 	}
-	for _, c := range cfg.Counters {
+}
+
+// missingTables returns the sources and targets of the counters that do
+// not exist, each once, in the order of the counters.
+func missingTables(counters []counter.Counter, lookup publication.Lookup) ([]string, error) {
+	var missing []string
+	for _, c := range counters {
 		for _, name := range []string{c.Source, c.Target} {
 			t, err := lookup(name)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if !t.Exists && !containsString(missing, t.Ident()) {
 				missing = append(missing, t.Ident())
 			}
 		}
 	}
+	return missing, nil
+}
 
-	// 1. The state schema, owned by walcount's role.
+// printStateSchema prints group 1: walcount's state schema, created or
+// migrated as its owner (walcount's role when there is none yet). It
+// returns the version the schema is at now and its owner.
+func printStateSchema(ctx context.Context, conn *pgx.Conn, p *printer, user, db string) (from int, stateOwner string, err error) {
 	p.blank()
-	from, err := state.ReadVersion(ctx, conn)
+	from, err = state.ReadVersion(ctx, conn)
 	if errors.Is(err, state.ErrNotSetUp) {
 		from, err = 0, nil
 	}
 	if err != nil {
-		return err
+		return 0, "", err
 	}
-	stateOwner := user
+	stateOwner = user
 	if err := conn.QueryRow(ctx, "SELECT coalesce((SELECT r.rolname::text FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE n.nspname = 'walcount'), $1)", user).Scan(&stateOwner); err != nil {
-		return fmt.Errorf("read the owner of schema walcount: %w", err)
+		return 0, "", fmt.Errorf("read the owner of schema walcount: %w", err)
 	}
 	switch {
 	case from > state.Version:
-		return &state.NewerError{Found: from}
+		return 0, "", &state.NewerError{Found: from}
 	case from == state.Version:
 		p.comment("1. walcount's state schema is at version %d, owned by %s: nothing to do.", from, stateOwner)
 	default:
@@ -138,72 +215,78 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 		p.stmt("COMMIT")
 		p.stmt("RESET ROLE")
 	}
+	return from, stateOwner, nil
+}
 
-	// 2. What walcount's role reads and writes in the app's tables.
+// printGrants prints group 2: the privileges walcount's role lacks on the
+// app's tables.
+func printGrants(ctx context.Context, conn *pgx.Conn, p *printer, counters []counter.Counter, lookup publication.Lookup, user, role string) error {
 	p.blank()
-	grants, err := missingGrants(ctx, conn, cfg.Counters, lookup, role)
+	grants, err := missingGrants(ctx, conn, counters, lookup, role)
 	if err != nil {
 		return err
 	}
 	if len(grants) == 0 {
 		p.comment("2. Privileges on the tables: %s has every one walcount needs.", user)
-	} else {
-		p.comment("2. Privileges walcount's role needs on the tables: reading the sources (backfill and\n" +
-			"   reconciliation) and updating the counter columns (the flush).\n" +
-			"   Needs: ownership of the tables (or the GRANT OPTION).")
-		for _, g := range grants {
-			p.stmt(g)
-		}
+		return nil
 	}
-
-	// 3. Replica identity, when asked.
-	if opt.FixReplicaIdentity {
-		p.blank()
-		s := &statements{conn: conn, print: true, res: &Result{}, stateRole: stateOwner}
-		fixed, err := s.fixIdentity(ctx, existing(cfg.Counters, tables))
-		if err != nil {
-			return err
-		}
-		res.FixedIdentityTable = fixed
-		if len(s.res.Statements) == 0 {
-			p.comment("3. Replica identity: every source's identity carries the counters' columns: nothing to do.")
-		} else {
-			p.comment("3. Replica identity FULL, so that updates and deletes carry the columns the counters read;\n"+
-				"   the identity each table had is recorded first (as %s), for walcount teardown to restore.\n"+
-				"   Needs: ownership of each table, and membership in role %[1]s.", stateOwner)
-			for _, stmt := range s.res.Statements {
-				p.stmt(stmt)
-			}
-		}
+	p.comment("2. Privileges walcount's role needs on the tables: reading the sources (backfill and\n" +
+		"   reconciliation) and updating the counter columns (the flush).\n" +
+		"   Needs: ownership of the tables (or the GRANT OPTION).")
+	for _, g := range grants {
+		p.stmt(g)
 	}
+	return nil
+}
 
-	// The via tables of counters removed from the configuration.
+// printIdentityFixes prints group 3: the replica identity fixes
+// (--fix-replica-identity), and records the tables they fix in res.
+func printIdentityFixes(ctx context.Context, conn *pgx.Conn, p *printer, res *Result, counters []counter.Counter, tables map[string]*counter.Table, stateOwner string) error {
+	p.blank()
+	s := &statements{conn: conn, print: true, res: &Result{}, stateRole: stateOwner}
+	fixed, err := s.fixIdentity(ctx, existing(counters, tables))
+	if err != nil {
+		return err
+	}
+	res.FixedIdentityTable = fixed
+	if len(s.res.Statements) == 0 {
+		p.comment("3. Replica identity: every source's identity carries the counters' columns: nothing to do.")
+		return nil
+	}
+	p.comment("3. Replica identity FULL, so that updates and deletes carry the columns the counters read;\n"+
+		"   the identity each table had is recorded first (as %s), for walcount teardown to restore.\n"+
+		"   Needs: ownership of each table, and membership in role %[1]s.", stateOwner)
+	for _, stmt := range s.res.Statements {
+		p.stmt(stmt)
+	}
+	return nil
+}
+
+// printDropRemovedVia prints, when there are any, the drops of the via
+// tables of counters removed from the configuration, and records them in
+// res.
+func printDropRemovedVia(ctx context.Context, conn *pgx.Conn, p *printer, res *Result, cfg config.Config) error {
 	drop := &statements{conn: conn, print: true, res: &Result{}}
 	if err := drop.dropRemovedVia(ctx, conn, cfg.Slot, cfg.Counters); err != nil {
 		return err
 	}
-	if len(drop.res.Statements) > 0 {
-		p.blank()
-		p.comment("The via tables of counters through a parent that are no longer configured: nothing reads\n" +
-			"them any more (walcount setup drops them itself when run as their owner).\n" +
-			"Needs: ownership of the tables, or membership in their owner (walcount's role).")
-		for _, stmt := range drop.res.Statements {
-			p.stmt(stmt)
-		}
-		res.DroppedVia = drop.res.DroppedVia
+	if len(drop.res.Statements) == 0 {
+		return nil
 	}
-
-	// 4. The publication.
 	p.blank()
-	pub := pgx.Identifier{cfg.Publication}.Sanitize()
-	if len(missing) > 0 {
-		p.comment("4. The publication: NOT PRINTED, because %s does not exist.\n"+
-			"   Create the table (the app's migration), then run walcount setup --print-sql again.", strings.Join(missing, ", "))
-	} else if err := printPublication(ctx, conn, p, cfg, version, lookup, from == state.Version, user, stateOwner, db, pub); err != nil {
-		return err
+	p.comment("The via tables of counters through a parent that are no longer configured: nothing reads\n" +
+		"them any more (walcount setup drops them itself when run as their owner).\n" +
+		"Needs: ownership of the tables, or membership in their owner (walcount's role).")
+	for _, stmt := range drop.res.Statements {
+		p.stmt(stmt)
 	}
+	res.DroppedVia = drop.res.DroppedVia
+	return nil
+}
 
-	// 5. The slot.
+// printSlot prints group 5, as comments only: the replication slot and its
+// checkpoint, which walcount setup creates as walcount's role.
+func printSlot(ctx context.Context, conn *pgx.Conn, p *printer, cfg config.Config, version pgversion.Version, opt Options, user string) error {
 	p.blank()
 	slotExists, err := slot.Exists(ctx, conn, cfg.Slot)
 	if err != nil {
@@ -211,19 +294,16 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 	}
 	if slotExists && !opt.RecreateSlot {
 		p.comment("5. Replication slot %q exists: nothing to do.", cfg.Slot)
-	} else {
-		p.comment("5. The replication slot and its checkpoint: walcount setup creates them as %s, once the\n"+
-			"   publication exists (needs REPLICATION, or superuser). For reference only, not run here:", user)
-		var lines []string
-		if slotExists {
-			lines = append(lines, bind(slot.DropSQL, cfg.Slot)+";")
-		}
-		lines = append(lines, bind(slot.CreateSQL(version), cfg.Slot)+";", bind(slot.InitCheckpointSQL, cfg.Slot)+";")
-		p.comment("%s", "    "+strings.ReplaceAll(strings.Join(lines, "\n"), "\n", "\n    "))
+		return nil
 	}
-	if len(missing) > 0 {
-		return fmt.Errorf("no publication printed: %s does not exist; create it, then run walcount setup --print-sql again", strings.Join(missing, ", "))
+	p.comment("5. The replication slot and its checkpoint: walcount setup creates them as %s, once the\n"+
+		"   publication exists (needs REPLICATION, or superuser). For reference only, not run here:", user)
+	var lines []string
+	if slotExists {
+		lines = append(lines, bind(slot.DropSQL, cfg.Slot)+";")
 	}
+	lines = append(lines, bind(slot.CreateSQL(version), cfg.Slot)+";", bind(slot.InitCheckpointSQL, cfg.Slot)+";")
+	p.comment("%s", "    "+strings.ReplaceAll(strings.Join(lines, "\n"), "\n", "\n    "))
 	return nil
 }
 
