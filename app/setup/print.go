@@ -78,11 +78,6 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 	// The counters' tables, as the catalog has them.
 	tables := map[string]*counter.Table{}
 	lookup := cachedLookup(ctx, conn, tables)
-	missing, err := missingTables(cfg.Counters, lookup)
-	if err != nil {
-		return err
-	}
-
 	// 1. The state schema, owned by walcount's role.
 	from, stateOwner, err := printStateSchema(ctx, conn, p, user, db)
 	if err != nil {
@@ -106,6 +101,16 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 		return err
 	}
 
+	// The via tables of the counters through a parent: the publication
+	// includes them.
+	if err := printViaTables(p, cfg.Counters, lookup, tables, stateOwner); err != nil {
+		return err
+	}
+	missing, err := missingTables(cfg.Counters, lookup)
+	if err != nil {
+		return err
+	}
+
 	// 4. The publication.
 	p.blank()
 	pub := pgx.Identifier{cfg.Publication}.Sanitize()
@@ -123,6 +128,63 @@ func printSQL(ctx context.Context, conn *pgx.Conn, cfg config.Config, version pg
 	if len(missing) > 0 {
 		return fmt.Errorf("no publication printed: %s does not exist; create it, then run walcount setup --print-sql again", strings.Join(missing, ", "))
 	}
+	return nil
+}
+
+// printViaTables prints the via tables that do not exist yet of the
+// counters through a parent (counter.ViaTableSQL), created as the owner of
+// walcount's state schema, with a via row of zeros for every parent row
+// (counter.ViaSeedSQL), and records them in tables as existing, so that
+// the publication that follows includes them. walcount setup does the
+// same when run as that role; a missing parent key or counter column
+// creates none (check names it).
+func printViaTables(p *printer, counters []counter.Counter, lookup publication.Lookup, tables map[string]*counter.Table, stateOwner string) error {
+	var stmts []string
+	var names []string
+	for _, c := range counters {
+		if c.Through == nil || c.IsVia() {
+			continue
+		}
+		name := counter.ViaTable(c.Through.Counter)
+		via, err := lookup(name)
+		if err != nil {
+			return err
+		}
+		if via.Exists {
+			continue
+		}
+		parent, err := lookup(c.Through.Table)
+		if err != nil {
+			return err
+		}
+		target, err := lookup(c.Target)
+		if err != nil {
+			return err
+		}
+		key, okKey := parent.Columns[c.Through.Key]
+		col, okCol := target.Columns[c.Column]
+		if !parent.Exists || !target.Exists || !okKey || !okCol {
+			continue
+		}
+		stmts = append(append(stmts, counter.ViaTableSQL(c.Through.Counter, key, col)...), counter.ViaSeedSQL(c))
+		names = append(names, via.Ident())
+		schema, table := counter.SplitTable(name)
+		tables[name] = &counter.Table{Schema: schema, Name: table, Exists: true, Kind: "r", ReplIdent: "f"}
+	}
+	if len(stmts) == 0 {
+		return nil
+	}
+	p.blank()
+	p.comment("walcount's via tables (%s) of the counters through a parent, created as and\n"+
+		"   owned by %s, each with a row of zeros for every parent row. walcount setup does this itself\n"+
+		"   when run as %[2]s; it is here because the publication below includes them.\n"+
+		"   Needs: membership in role %[2]s, and the SELECT on the parents granted above.", strings.Join(names, ", "), stateOwner)
+	role := pgx.Identifier{stateOwner}.Sanitize()
+	p.stmt("SET ROLE " + role)
+	for _, stmt := range stmts {
+		p.stmt(stmt)
+	}
+	p.stmt("RESET ROLE")
 	return nil
 }
 

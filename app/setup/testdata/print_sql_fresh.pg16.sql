@@ -238,8 +238,24 @@ INSERT INTO walcount.replica_identity (relation, relident, index_name) VALUES ('
 RESET ROLE;
 ALTER TABLE "public"."votes" REPLICA IDENTITY FULL;
 
--- 4. The publication: NOT PRINTED, because "walcount"."via_user_karma" does not exist.
---    Create the table (the app's migration), then run walcount setup --print-sql again.
+-- walcount's via tables ("walcount"."via_user_karma") of the counters through a parent, created as and
+--    owned by <walcount_role>, each with a row of zeros for every parent row. walcount setup does this itself
+--    when run as <walcount_role>; it is here because the publication below includes them.
+--    Needs: membership in role <walcount_role>, and the SELECT on the parents granted above.
+SET ROLE "<walcount_role>";
+CREATE TABLE IF NOT EXISTS "walcount"."via_user_karma" (parent_key bigint PRIMARY KEY, target bigint NOT NULL DEFAULT 0, passes bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0);
+ALTER TABLE "walcount"."via_user_karma" REPLICA IDENTITY FULL;
+CREATE INDEX IF NOT EXISTS "via_user_karma_target" ON "walcount"."via_user_karma" (target);
+INSERT INTO "walcount"."via_user_karma" (parent_key) SELECT p."id" FROM "public"."posts" AS p WHERE p."id" IS NOT NULL AND NOT EXISTS (SELECT 1 FROM "walcount"."via_user_karma" AS v WHERE v.parent_key = p."id") ON CONFLICT DO NOTHING;
+RESET ROLE;
+
+-- 4. The publication of the sources, the targets and walcount.messages.
+--    Needs: CREATE on database <database>, ownership of "public"."comments", "public"."likes", "public"."post_tags", "public"."posts", "public"."tags", "public"."users", "public"."votes", "walcount"."via_user_karma", and of walcount.messages
+--    (owned by <walcount_role>: membership in that role counts).
+CREATE PUBLICATION "walcount" FOR TABLE "public"."comments", "public"."likes", "public"."post_tags", "public"."posts", "public"."tags" ("id", "posts_count"), "public"."users" ("id", "karma"), "public"."votes", "walcount"."via_user_karma", "walcount"."messages";
+--    Handed over to <walcount_role>, so that walcount teardown can drop it.
+--    Needs: membership in role <walcount_role>, and CREATE on database <database> for <walcount_role>.
+ALTER PUBLICATION "walcount" OWNER TO "<walcount_role>";
 
 -- 5. The replication slot and its checkpoint: walcount setup creates them as <walcount_role>, once the
 --    publication exists (needs REPLICATION, or superuser). For reference only, not run here:
@@ -247,5 +263,3 @@ ALTER TABLE "public"."votes" REPLICA IDENTITY FULL;
 --     INSERT INTO walcount.checkpoint (slot_name, lsn, updated_at)
 --     SELECT '<slot>', confirmed_flush_lsn, now() FROM pg_replication_slots WHERE slot_name = '<slot>'
 --     ON CONFLICT (slot_name) DO UPDATE SET lsn = excluded.lsn, updated_at = now();
-
--- (added by the test) walcount setup --print-sql fails: no publication printed: "walcount"."via_user_karma" does not exist; create it, then run walcount setup --print-sql again
