@@ -89,7 +89,7 @@ func (r *run) checkFailover() error {
 				setting, strings.Join(missing, ", ")),
 			fmt.Sprintf("ALTER SYSTEM SET synchronized_standby_slots = '%s'; SELECT pg_reload_conf();", strings.Join(want, ",")))
 	} else {
-		r.ok(CheckFailover, fmt.Sprintf("synchronized_standby_slots names every standby's physical slot (%s): walcount confirms its slot only once they have each flush", setting))
+		r.ok(CheckFailover, fmt.Sprintf("synchronized_standby_slots names every standby's physical slot (%s): walcount confirms its slot only once each of them has the flush", setting))
 	}
 	for _, s := range standbys {
 		if s.Slot == "" {

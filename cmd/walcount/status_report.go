@@ -403,7 +403,11 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
 		}
 		if len(d.StandbySlots) > 0 {
-			fmt.Fprintf(tw, "standbys\tW is confirmed once %s have each flush; %s waiting\n", strings.Join(d.StandbySlots, ", "), humanBytes(d.AckHeld))
+			have := "each have the"
+			if len(d.StandbySlots) == 1 {
+				have = "has the"
+			}
+			fmt.Fprintf(tw, "standbys\tW is confirmed once %s %s flush; %s waiting\n", strings.Join(d.StandbySlots, ", "), have, humanBytes(d.AckHeld))
 		}
 		if w := d.StandbyWait; w != nil {
 			var slots []string
