@@ -550,11 +550,8 @@ func TestAlterTableMidStream(t *testing.T) {
 	t.Parallel()
 	// Its own likes: junk must come before the counted columns, so that
 	// dropping it moves them.
-	ddl := `
-CREATE TABLE posts (id bigint PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0, likes_weight numeric(14,2) NOT NULL DEFAULT 0);
-CREATE TABLE likes (id bigserial PRIMARY KEY, junk text DEFAULT 'junk', post_id bigint NOT NULL, weight numeric(12,2));
-ALTER TABLE likes REPLICA IDENTITY FULL;
-INSERT INTO posts (id) SELECT g FROM generate_series(1, 20) g;`
+	ddl := appschema.SQL(appschema.Options{PostsColumns: "likes_weight numeric(14,2) NOT NULL DEFAULT 0",
+		LikesLeadingColumns: "junk text DEFAULT 'junk'", LikesColumns: "weight numeric(12,2)", Posts: 20})
 	e := newEnvWith(t, ddl, func(e *env) {
 		e.cfg = e.loadConfig(testSettings + `
 counters:

@@ -26,6 +26,10 @@ type Options struct {
 	// table constraints), comma separated, appended to the table's own:
 	// "user_id bigint NOT NULL DEFAULT 0", say.
 	PostsColumns, LikesColumns string
+	// LikesLeadingColumns are column definitions that come before
+	// likes.post_id (after id): a test that drops one moves the counted
+	// columns' positions.
+	LikesLeadingColumns string
 	// KeyType is the type of posts.id and likes.post_id; bigint when
 	// empty.
 	KeyType string
@@ -58,10 +62,11 @@ func SQL(o Options) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "CREATE TABLE posts (id %s PRIMARY KEY, likes_count bigint NOT NULL DEFAULT 0%s);\n", key, more(o.PostsColumns))
+	lead := more(o.LikesLeadingColumns)
 	if o.PartitionBy == "" {
-		fmt.Fprintf(&b, "CREATE TABLE likes (id bigserial PRIMARY KEY, post_id %s NOT NULL%s);\n", key, more(o.LikesColumns))
+		fmt.Fprintf(&b, "CREATE TABLE likes (id bigserial PRIMARY KEY%s, post_id %s NOT NULL%s);\n", lead, key, more(o.LikesColumns))
 	} else {
-		fmt.Fprintf(&b, "CREATE TABLE likes (id bigserial NOT NULL, post_id %s NOT NULL%s) PARTITION BY %s;\n", key, more(o.LikesColumns), o.PartitionBy)
+		fmt.Fprintf(&b, "CREATE TABLE likes (id bigserial NOT NULL%s, post_id %s NOT NULL%s) PARTITION BY %s;\n", lead, key, more(o.LikesColumns), o.PartitionBy)
 	}
 	if !o.DefaultIdentity {
 		b.WriteString("ALTER TABLE likes REPLICA IDENTITY FULL;\n")

@@ -1,24 +1,23 @@
 package golden
 
+import "github.com/walcount/walcount/internal/testkit/appschema"
+
 // RepresentativeSchema and RepresentativeConfig are the app's tables and
 // the walcount configuration that the golden files of walcount setup
 // --print-sql and walcount check are made with: one counter of each kind (a
 // plain count, a filtered count, a sum, a sum through a parent, a max, and
 // a count that creates its missing target rows). The sources keep their
 // default replica identity, so that the fixes show too.
-const RepresentativeSchema = `
-CREATE TABLE users (id bigint PRIMARY KEY, karma bigint NOT NULL DEFAULT 0);
-CREATE TABLE posts (
-    id bigint PRIMARY KEY,
-    author_id bigint,
+var RepresentativeSchema = appschema.SQL(appschema.Options{
+	PostsColumns: `author_id bigint,
     deleted boolean NOT NULL DEFAULT false,
-    likes_count bigint NOT NULL DEFAULT 0,
     comments_count bigint NOT NULL DEFAULT 0,
     score bigint NOT NULL DEFAULT 0,
-    last_comment_at timestamptz
-);
-CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL);
-CREATE INDEX ON likes (post_id);
+    last_comment_at timestamptz`,
+	DefaultIdentity: true,
+	Index:           true,
+}) + `
+CREATE TABLE users (id bigint PRIMARY KEY, karma bigint NOT NULL DEFAULT 0);
 CREATE TABLE comments (
     id bigserial PRIMARY KEY,
     post_id bigint NOT NULL,
