@@ -356,9 +356,9 @@ func freadsSection(r freadsResult) string {
 		readsTarget, readers, freshClients, readsLikeRate, rywInterval, recvInterval)
 	s.WriteString("| reads/s: target / achieved | likes/s | read p50 | read p99 | min_lsn reads | min_lsn read p50 | min_lsn read p99 | wait p50 / p99 (histogram) | heartbeats | receive lag p50 | receive lag p99 | errors | exact |\n" +
 		"|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|\n")
-	fmt.Fprintf(&s, "| %s / %s | %s | %s | %s | %d (%d waited) | %s | %s | %s / %s | %.0f | %s | %s | %d | %s |\n\n",
+	fmt.Fprintf(&s, "| %s / %s | %s | %s | %s | %d (%d waits) | %s | %s | %s / %s | %.0f | %s | %s | %d | %s |\n\n",
 		thousands(r.target), thousands(r.achieved), thousands(r.likes), msText(q(r.reads, 0.5)), msText(q(r.reads, 0.99)),
-		len(r.ryw), r.waits, msText(q(r.ryw, 0.5)), msText(q(r.ryw, 0.99)), waitMS(r.waitP50), waitMS(r.waitP99), r.nudges, msText(q(r.recv, 0.5)), msText(q(r.recv, 0.99)), r.errors, yesNo(r.exact))
+		len(r.ryw), r.waits, msText(q(r.ryw, 0.5)), msText(q(r.ryw, 0.99)), waitMS(r.waitP50), waitMS(r.waitP99), r.nudges, msText(q(r.recv, 0.5)), msText(q(r.recv, 0.99)), r.errors, map[bool]string{true: "yes", false: "no"}[r.exact])
 	return s.String()
 }
 
