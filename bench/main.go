@@ -21,6 +21,8 @@
 //  9. One big batch: one statement likes 100k, 1M and 2M posts; time until
 //     exact, walcount's and Redis's peak memory, the longest wait of a
 //     PING and of an app's row lock, and a SIGKILL in the middle.
+//  13. Fresh reads: read latency at 1,000 reads/s while 16 clients like
+//     one post, the min_lsn wait against the stream's receive lag.
 //
 // Every cluster is fresh (a slot changes the write path) and lives on
 // disk, with fsync on and synchronous_commit=on.
@@ -143,7 +145,7 @@ type benchFlags struct {
 }
 
 // allSections are the sections, in the order they run.
-var allSections = []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi"}
+var allSections = []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi", "reads"}
 
 func run() int {
 	b, fl := parseFlags()
@@ -240,7 +242,7 @@ func parseFlags() (*bench, benchFlags) {
 		}
 		return nil
 	})
-	flag.StringVar(&fl.only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi (default all)")
+	flag.StringVar(&fl.only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi, reads (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -300,7 +302,7 @@ func parseSections(only string) (map[string]bool, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(allSections, s) {
-			return nil, fmt.Errorf("unknown section %q (want write, drain, fresh, reconcile, app, standby, binary, big or multi)", s)
+			return nil, fmt.Errorf("unknown section %q (want write, drain, fresh, reconcile, app, standby, binary, big, multi or reads)", s)
 		}
 		sections[s] = true
 	}
@@ -383,6 +385,14 @@ func runSections(ctx context.Context, b *bench, r *results, sections map[string]
 		if r.multi, err = runMultiLevel(ctx, b); err != nil {
 			return err
 		}
+	}
+	if sections["reads"] {
+		b.logf("13. fresh reads")
+		fr, err := runFreshReads(ctx, b)
+		if err != nil {
+			return err
+		}
+		r.reads = freadsSection(fr)
 	}
 	return nil
 }

@@ -32,6 +32,8 @@ type results struct {
 	standby string
 	// multi is section 12, as markdown ("" when it did not run).
 	multi string
+	// reads is section 13, as markdown ("" when it did not run).
+	reads string
 	// app is section 8, without walcount and with it.
 	app []appSideResult
 	// big is section 11.
@@ -132,6 +134,7 @@ func (r *results) markdown() string {
 		r.bigSection(&b)
 	}
 	b.WriteString(r.multi)
+	b.WriteString(r.reads)
 	r.targetsSection(&b)
 	return b.String()
 }

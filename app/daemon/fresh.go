@@ -7,9 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/fresh"
+	"github.com/walcount/walcount/internal/metrics"
 )
 
 // freshReadConns is how many PostgreSQL connections fresh reads may use
@@ -44,3 +47,43 @@ func (d *Daemon) FreshHandler() http.Handler { return d.fresh.Handler() }
 
 // Fresh returns the fresh reader.
 func (d *Daemon) Fresh() *fresh.Reader { return d.fresh }
+
+// FreshReadStatus is what the fresh reads did since this process started,
+// read from their metrics (docs/fresh-reads.md).
+type FreshReadStatus struct {
+	// Reads counts the reads, Results the same by result
+	// (walcount_fresh_reads_total).
+	Reads   int64            `json:"reads"`
+	Results map[string]int64 `json:"results"`
+	// Waits counts the reads that waited for their min_lsn
+	// (walcount_fresh_read_waits_total); Timeouts those of them that gave
+	// up before walcount read through it, answered 504.
+	Waits    int64 `json:"waits"`
+	Timeouts int64 `json:"timeouts"`
+}
+
+// freshStatus reads the fresh reads' figures; nil when this process
+// serves none.
+func (d *Daemon) freshStatus() *FreshReadStatus {
+	if d.fresh == nil {
+		return nil
+	}
+	s := &FreshReadStatus{Results: make(map[string]int64, len(metrics.Results))}
+	for _, r := range metrics.Results {
+		n := countOf(d.m.FreshReads.WithLabelValues(r))
+		s.Results[r] = n
+		s.Reads += n
+	}
+	s.Waits = countOf(d.m.FreshReadWaits)
+	s.Timeouts = s.Results[metrics.ResultTimeout]
+	return s
+}
+
+// countOf reads a Prometheus counter of whole events.
+func countOf(c prometheus.Counter) int64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	return int64(m.GetCounter().GetValue())
+}

@@ -94,6 +94,9 @@ type Status struct {
 	SlotCreationWait *SlotCreationWait `json:"slot_creation_wait,omitempty"`
 	SlotStatus       *slot.SlotStatus  `json:"slot_status,omitempty"`
 	Reconcile        any               `json:"reconcile,omitempty"`
+	// FreshReads is what the fresh reads did since this process started;
+	// absent in a process that serves none.
+	FreshReads *FreshReadStatus `json:"fresh_reads,omitempty"`
 }
 
 // CounterStatus is one counter in /status. The numbers count from the start
@@ -357,6 +360,7 @@ func (d *Daemon) Status(ctx context.Context) Status {
 		}
 	}
 	s.Reconcile = d.rec.Status()
+	s.FreshReads = d.freshStatus()
 	for _, c := range d.cfg.Counters {
 		s.Counters = append(s.Counters, d.counterStatus(c.Name, c.Source, c.Target+"."+c.Column))
 	}

@@ -15,7 +15,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/slot"
@@ -375,6 +377,7 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 				Pending   float64  `json:"pending_seconds"`
 				LastFlush *float64 `json:"last_flush_seconds"`
 			} `json:"apply_lag"`
+			FreshReads *daemon.FreshReadStatus `json:"fresh_reads"`
 		}
 		_ = json.Unmarshal(r.Daemon, &d)
 		switch {
@@ -402,6 +405,9 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		if d.LastError != "" {
 			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
 		}
+		if f := d.FreshReads; f != nil {
+			fmt.Fprintf(tw, "fresh reads\t%s\n", freshReadsLine(*f))
+		}
 		if len(d.StandbySlots) > 0 {
 			have := "each have the"
 			if len(d.StandbySlots) == 1 {
@@ -428,6 +434,23 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 	for _, w := range r.Warnings {
 		fmt.Fprintf(out, "WARNING: %s\n", w)
 	}
+}
+
+// freshReadsLine sums up the daemon's fresh reads since it started: how
+// many by result, how many waited for their min_lsn and how many of those
+// timed out.
+func freshReadsLine(f daemon.FreshReadStatus) string {
+	if f.Reads == 0 {
+		return "none since the daemon started"
+	}
+	var by []string
+	for _, r := range metrics.Results {
+		if n := f.Results[r]; n > 0 {
+			by = append(by, fmt.Sprintf("%d %s", n, strings.ReplaceAll(r, "_", " ")))
+		}
+	}
+	return fmt.Sprintf("%d since the daemon started (%s); %d waited for their min_lsn, %d timed out (504)",
+		f.Reads, strings.Join(by, ", "), f.Waits, f.Timeouts)
 }
 
 // dirtyCounter sums up one counter's dirty marks.
