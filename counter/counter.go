@@ -1,6 +1,9 @@
 package counter
 
-import "strings"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // Counter declares one counter cache: the rows of Source, grouped by Key,
 // are counted (or their Sum column summed) into Target.Column of the row
@@ -150,4 +153,11 @@ func Field(counter, key string) string { return counter + ":" + key }
 // cannot contain ':', keys may.
 func SplitField(f string) (counter, key string, ok bool) {
 	return strings.Cut(f, ":")
+}
+
+// Definition is c as walcount.counters records it for a backfill: two
+// counters with the same definition count the same thing.
+func (c Counter) Definition() string {
+	b, _ := json.Marshal(c)
+	return string(b)
 }

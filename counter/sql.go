@@ -135,7 +135,9 @@ SELECT t.%[1]s::text, %[4]s FROM %[2]s AS t WHERE t.%[3]s <> 0%[5]s AND t.%[1]s 
 
 // buildRead writes Read: the checkpoint, the target row, the carried
 // delta and the dirty marks of the keys, all in one statement so in one
-// snapshot (docs/design.md §7).
+// snapshot (docs/design.md §7). A counter not backfilled with its
+// definition (new, changed, or its backfill under way) reads as dirty: its
+// column does not hold the rows older than walcount's slot yet.
 func (r *Resolved) buildRead(src, tgt *Table, key, tkey Column, scaled func(string) string, filter, onlyRow string) {
 	c := r.Counter
 	col := pgx.Identifier{c.Column}.Sanitize()
@@ -155,12 +157,13 @@ func (r *Resolved) buildRead(src, tgt *Table, key, tkey Column, scaled func(stri
 	}
 	r.Read = fmt.Sprintf(`SELECT (SELECT c.lsn::text FROM walcount.checkpoint c WHERE c.slot_name = $2),
 t.%[1]s IS NOT NULL, %[2]s, coalesce(wc.delta, 0),
-EXISTS (SELECT 1 FROM walcount.dirty dm WHERE dm.slot_name = $2 AND dm.counter = %[3]s AND (dm.key IS NULL OR dm.key = k.k)),
+EXISTS (SELECT 1 FROM walcount.dirty dm WHERE dm.slot_name = $2 AND dm.counter = %[3]s AND (dm.key IS NULL OR dm.key = k.k))
+OR NOT EXISTS (SELECT 1 FROM walcount.counters bc WHERE bc.slot_name = $2 AND bc.name = %[3]s AND bc.backfilled_at IS NOT NULL AND bc.definition = %[8]s),
 %[4]s
 FROM unnest($1::text[]) WITH ORDINALITY AS k(k, i)
 LEFT JOIN %[5]s AS t ON t.%[1]s = CAST(k.k AS %[6]s)%[7]s
 LEFT JOIN walcount.carried wc ON wc.slot_name = $2 AND wc.counter = %[3]s AND wc.key = k.k
-ORDER BY k.i`, tkeyID, column, name, now, tgt.Ident(), tkey.Full, onlyRow)
+ORDER BY k.i`, tkeyID, column, name, now, tgt.Ident(), tkey.Full, onlyRow, quoteLiteral(c.Definition()))
 }
 
 // whereFilters sets r.FilterArgs to the values of c's where conditions

@@ -2,7 +2,6 @@ package state
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -199,10 +198,7 @@ WHERE id = $1 AND (owner IS NULL AND $10 = '' OR owner = $10)`, r.ID, r.Status, 
 	return nil
 }
 
-func definition(c counter.Counter) string {
-	b, _ := json.Marshal(c)
-	return string(b)
-}
+func definition(c counter.Counter) string { return c.Definition() }
 
 // NeedBackfill returns the counters that were never backfilled or whose
 // definition changed.
