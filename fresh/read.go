@@ -64,9 +64,14 @@ type Options struct {
 	Counters []counter.Counter
 	// Emit writes a transaction to the WAL (a heartbeat) and returns its
 	// LSN, so that a wait for an LSN ends on a quiet database; nil: none.
-	Emit    func(ctx context.Context) (LSN, error)
-	Metrics *metrics.Metrics
-	Logger  *zap.Logger
+	Emit func(ctx context.Context) (LSN, error)
+	// Received returns the stream's received position (0 when this
+	// process does not stream): a read waiting for an LSN the stream has
+	// received already waits for the aggregator's hand-over to Redis, and
+	// a heartbeat would not make that sooner. Nil: unknown.
+	Received func() LSN
+	Metrics  *metrics.Metrics
+	Logger   *zap.Logger
 }
 
 // Reader answers fresh reads (docs/design.md §7). Safe for concurrent use.
@@ -100,7 +105,7 @@ func New(opt Options) *Reader {
 			r.inexact[c.Name] = kind
 		}
 	}
-	r.w = newWatcher(opt.Buffer, opt.Emit, opt.Logger, opt.Metrics)
+	r.w = newWatcher(opt.Buffer, opt.Emit, opt.Received, opt.Logger, opt.Metrics)
 	return r
 }
 

@@ -17,7 +17,8 @@ const (
 	pollInterval = 2 * time.Millisecond
 	// nudgeAfter is how long a waiter waits before the watcher emits a
 	// heartbeat for it, so that a quiet database still makes a transaction
-	// past its LSN.
+	// past its LSN; not when the stream has received past it already (the
+	// aggregator then hands it over to Redis within its pending age).
 	nudgeAfter = 20 * time.Millisecond
 	// tipTimeout bounds one read of meta.lsn.
 	tipTimeout = time.Second
@@ -26,10 +27,11 @@ const (
 // watcher follows meta.lsn for the reads that wait for an LSN
 // (docs/design.md §7): one goroutine, running only while some read waits.
 type watcher struct {
-	buf  *buffer.Redis
-	emit func(ctx context.Context) (LSN, error)
-	log  *zap.Logger
-	m    *metrics.Metrics
+	buf      *buffer.Redis
+	emit     func(ctx context.Context) (LSN, error)
+	received func() LSN
+	log      *zap.Logger
+	m        *metrics.Metrics
 
 	mu       sync.Mutex
 	tip      LSN
@@ -49,8 +51,8 @@ type waiter struct {
 	nudged bool
 }
 
-func newWatcher(buf *buffer.Redis, emit func(ctx context.Context) (LSN, error), log *zap.Logger, m *metrics.Metrics) *watcher {
-	return &watcher{buf: buf, emit: emit, log: log, m: m, waiters: map[*waiter]struct{}{}}
+func newWatcher(buf *buffer.Redis, emit func(ctx context.Context) (LSN, error), received func() LSN, log *zap.Logger, m *metrics.Metrics) *watcher {
+	return &watcher{buf: buf, emit: emit, received: received, log: log, m: m, waiters: map[*waiter]struct{}{}}
 }
 
 // waitFor returns once meta.lsn ≥ min, with the LSN seen; on ctx's end it
@@ -84,6 +86,10 @@ func (w *watcher) poll() {
 		ctx, cancel := context.WithTimeout(context.Background(), tipTimeout)
 		m, err := w.buf.Meta(ctx)
 		cancel()
+		var rec LSN
+		if w.received != nil {
+			rec = w.received()
+		}
 		w.mu.Lock()
 		if err == nil && m.Exists && m.Part == "" {
 			// The chain's tip as it is now: after a reset it may be lower
@@ -97,7 +103,7 @@ func (w *watcher) poll() {
 				delete(w.waiters, wt)
 				continue
 			}
-			if !wt.nudged && (oldest.IsZero() || wt.since.Before(oldest)) {
+			if !wt.nudged && wt.min > rec && (oldest.IsZero() || wt.since.Before(oldest)) {
 				oldest = wt.since
 			}
 		}

@@ -36,7 +36,8 @@ func (d *Daemon) newFreshReader(pcfg *pgxpool.Config) error {
 			content := fmt.Sprintf(`{"heartbeat":%q,"slot":%q}`, time.Now().UTC().Format(time.RFC3339Nano), d.cfg.Slot)
 			return cdc.EmitMessage(ctx, pool, content)
 		},
-		Metrics: d.m, Logger: d.log,
+		Received: func() fresh.LSN { return fresh.LSN(d.receivedLSN()) },
+		Metrics:  d.m, Logger: d.log,
 	})
 	return nil
 }
