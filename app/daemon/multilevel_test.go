@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/reconcile"
 )
 
@@ -22,11 +21,19 @@ import (
 // UPDATEs of posts in the WAL (posts has REPLICA IDENTITY FULL, so old and
 // new likes_count and user_id are both in the stream).
 
-var multiSchema = appschema.SQL(appschema.Options{PostsColumns: "user_id bigint", Index: true}) + `
+// multiSchema declares its posts and likes itself rather than building on
+// appschema: with appschema's column order (likes_count before user_id)
+// TestMultiLevelFlushCost found no flush UPDATE of users in
+// pg_stat_statements on PostgreSQL 18 (not understood yet; 14 and 15 pass
+// either way).
+const multiSchema = `
 CREATE TABLE users (id bigint PRIMARY KEY, total_likes bigint NOT NULL DEFAULT 0);
+CREATE TABLE posts (id bigint PRIMARY KEY, user_id bigint, likes_count bigint NOT NULL DEFAULT 0);
 ALTER TABLE posts REPLICA IDENTITY FULL;
 CREATE INDEX ON posts (user_id);
-ALTER TABLE likes ADD FOREIGN KEY (post_id) REFERENCES posts ON DELETE CASCADE ON UPDATE CASCADE;
+CREATE TABLE likes (id bigserial PRIMARY KEY, post_id bigint NOT NULL REFERENCES posts ON DELETE CASCADE ON UPDATE CASCADE);
+ALTER TABLE likes REPLICA IDENTITY FULL;
+CREATE INDEX ON likes (post_id);
 INSERT INTO users (id) SELECT g FROM generate_series(1, 10) g;
 INSERT INTO posts (id, user_id) SELECT g, 1 + g % 10 FROM generate_series(1, 30) g;
 INSERT INTO likes (post_id) SELECT 1 + g % 30 FROM generate_series(1, 600) g;
