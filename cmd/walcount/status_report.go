@@ -409,11 +409,7 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 			fmt.Fprintf(tw, "fresh reads\t%s\n", freshReadsLine(*f))
 		}
 		if len(d.StandbySlots) > 0 {
-			have := "each have the"
-			if len(d.StandbySlots) == 1 {
-				have = "has the"
-			}
-			fmt.Fprintf(tw, "standbys\tW is confirmed once %s %s flush; %s waiting\n", strings.Join(d.StandbySlots, ", "), have, humanBytes(d.AckHeld))
+			fmt.Fprintf(tw, "standbys\t%s\n", standbysLine(d.StandbySlots, d.AckHeld))
 		}
 		if w := d.StandbyWait; w != nil {
 			var slots []string
@@ -538,4 +534,14 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// standbysLine says which standbys' physical slots W waits for, and what
+// waits.
+func standbysLine(slots []string, held int64) string {
+	have := "each have the"
+	if len(slots) == 1 {
+		have = "has the"
+	}
+	return fmt.Sprintf("W is confirmed once %s %s flush; %s waiting", strings.Join(slots, ", "), have, humanBytes(held))
 }
