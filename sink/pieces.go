@@ -165,7 +165,7 @@ func (f *Flusher) drainCount(ctx context.Context) (int, error) {
 		passes = []state.CarriedCursor{{Counters: creating}, {Counters: creating, Others: true}}
 	}
 	pieces := 0
-	for i, cursor := range passes {
+	for _, cursor := range passes {
 		for {
 			next, more, did, err := f.drainPiece(ctx, cursor)
 			if err != nil {
@@ -175,20 +175,17 @@ func (f *Flusher) drainCount(ctx context.Context) (int, error) {
 				pieces++
 				f.opt.Metrics.FlushPieces.Inc()
 			}
-			if !more && i == len(passes)-1 {
-				f.drainDue = false
-				f.lagApplied()
-				return pieces, nil
-			}
-			if err := f.opt.Failpoints.Inject(failpoint.BetweenPieces); err != nil {
-				return pieces, err
-			}
 			if !more {
 				break
 			}
 			cursor = next
+			if err := f.opt.Failpoints.Inject(failpoint.BetweenPieces); err != nil {
+				return pieces, err
+			}
 		}
 	}
+	f.drainDue = false
+	f.lagApplied()
 	return pieces, nil
 }
 

@@ -198,8 +198,6 @@ WHERE id = $1 AND (owner IS NULL AND $10 = '' OR owner = $10)`, r.ID, r.Status, 
 	return nil
 }
 
-func definition(c counter.Counter) string { return c.Definition() }
-
 // NeedBackfill returns the counters that were never backfilled or whose
 // definition changed.
 func (s Runs) NeedBackfill(ctx context.Context, counters []counter.Counter) ([]string, error) {
@@ -208,7 +206,7 @@ func (s Runs) NeedBackfill(ctx context.Context, counters []counter.Counter) ([]s
 		var def string
 		var at *time.Time
 		err := s.q.QueryRow(ctx, `SELECT definition, backfilled_at FROM walcount.counters WHERE slot_name = $1 AND name = $2`, s.slot, c.Name).Scan(&def, &at)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (def != definition(c) || at == nil)) {
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && (def != c.Definition() || at == nil)) {
 			out = append(out, c.Name)
 			continue
 		}
@@ -227,7 +225,7 @@ func (s Runs) NeedBackfill(ctx context.Context, counters []counter.Counter) ([]s
 func (s Runs) BackfillQueued(ctx context.Context, cs []counter.Counter) error {
 	for _, c := range cs {
 		_, err := s.q.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, $2, $3, NULL)
-ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, backfilled_at = NULL`, s.slot, c.Name, definition(c))
+ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, backfilled_at = NULL`, s.slot, c.Name, c.Definition())
 		if err != nil {
 			return fmt.Errorf("record the backfill of %s: %w", c.Name, err)
 		}
@@ -246,13 +244,13 @@ func (s Runs) DefinitionChanged(ctx context.Context, c counter.Counter) (bool, e
 	if err != nil {
 		return false, fmt.Errorf("read counters: %w", err)
 	}
-	return def != definition(c), nil
+	return def != c.Definition(), nil
 }
 
 // Backfilled records that c was backfilled with its current definition.
 func (s Runs) Backfilled(ctx context.Context, c counter.Counter) error {
 	_, err := s.q.Exec(ctx, `INSERT INTO walcount.counters (slot_name, name, definition, backfilled_at) VALUES ($1, $2, $3, now())
-ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, backfilled_at = excluded.backfilled_at`, s.slot, c.Name, definition(c))
+ON CONFLICT (slot_name, name) DO UPDATE SET definition = excluded.definition, backfilled_at = excluded.backfilled_at`, s.slot, c.Name, c.Definition())
 	if err != nil {
 		return fmt.Errorf("record backfill of %s: %w", c.Name, err)
 	}

@@ -153,20 +153,14 @@ func printViaTables(p *printer, counters []counter.Counter, lookup publication.L
 		if via.Exists {
 			continue
 		}
-		parent, err := lookup(c.Through.Table)
+		create, err := viaTableStatements(c, lookup)
 		if err != nil {
 			return err
 		}
-		target, err := lookup(c.Target)
-		if err != nil {
-			return err
-		}
-		key, okKey := parent.Columns[c.Through.Key]
-		col, okCol := target.Columns[c.Column]
-		if !parent.Exists || !target.Exists || !okKey || !okCol {
+		if create == nil {
 			continue
 		}
-		stmts = append(append(stmts, counter.ViaTableSQL(c.Through.Counter, key, col)...), counter.ViaSeedSQL(c))
+		stmts = append(stmts, create...)
 		names = append(names, via.Ident())
 		schema, table := counter.SplitTable(name)
 		tables[name] = &counter.Table{Schema: schema, Name: table, Exists: true, Kind: "r", ReplIdent: "f"}

@@ -378,36 +378,51 @@ func (s *statements) prepare(ctx context.Context, cfg config.Config, version pgv
 // preflight gate has refused that configuration already.
 func (s *statements) viaTables(ctx context.Context, q counter.Querier, counters []counter.Counter) (map[string]bool, error) {
 	vias := map[string]bool{}
+	lookup := func(name string) (*counter.Table, error) {
+		schema, table := counter.SplitTable(name)
+		return counter.ReadTable(ctx, q, schema, table)
+	}
 	for _, c := range counters {
-		if c.Through == nil || c.IsVia() {
-			continue
-		}
-		ps, pt := counter.SplitTable(c.Through.Table)
-		parent, err := counter.ReadTable(ctx, q, ps, pt)
+		stmts, err := viaTableStatements(c, lookup)
 		if err != nil {
 			return nil, err
 		}
-		ts, tt := counter.SplitTable(c.Target)
-		target, err := counter.ReadTable(ctx, q, ts, tt)
-		if err != nil {
-			return nil, err
-		}
-		key, okKey := parent.Columns[c.Through.Key]
-		col, okCol := target.Columns[c.Column]
-		if !okKey || !okCol {
-			continue
-		}
-		// A via row for every parent there is, so that the first flushes
-		// find them (a backfill seeds again, for the parents inserted
-		// since, and counts them).
-		for _, stmt := range append(counter.ViaTableSQL(c.Through.Counter, key, col), counter.ViaSeedSQL(c)) {
+		for _, stmt := range stmts {
 			if err := s.exec(ctx, stmt); err != nil {
 				return nil, err
 			}
 		}
-		vias[counter.ViaTable(c.Through.Counter)] = true
+		if stmts != nil {
+			vias[counter.ViaTable(c.Through.Counter)] = true
+		}
 	}
 	return vias, nil
+}
+
+// viaTableStatements returns the statements that create the via table of
+// c, a counter through a parent, and give every parent row a via row of
+// zeros (so that the first flushes find them; a backfill seeds again, for
+// the parents inserted since, and counts them). None for any other
+// counter, or when the parent key or the counter column does not exist:
+// the preflight gate has refused that configuration already.
+func viaTableStatements(c counter.Counter, lookup func(name string) (*counter.Table, error)) ([]string, error) {
+	if c.Through == nil || c.IsVia() {
+		return nil, nil
+	}
+	parent, err := lookup(c.Through.Table)
+	if err != nil {
+		return nil, err
+	}
+	target, err := lookup(c.Target)
+	if err != nil {
+		return nil, err
+	}
+	key, okKey := parent.Columns[c.Through.Key]
+	col, okCol := target.Columns[c.Column]
+	if !okKey || !okCol {
+		return nil, nil
+	}
+	return append(counter.ViaTableSQL(c.Through.Counter, key, col), counter.ViaSeedSQL(c)), nil
 }
 
 // dropRemovedVia drops the via tables of the counters through a parent
