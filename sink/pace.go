@@ -72,7 +72,8 @@ func (p *pacer) fits(keys int64, budget time.Duration) bool {
 
 // learn takes the time of a statement of keys keys. A slower pace is
 // taken at once, a faster one halfway at a time: an overestimate costs a few more
-// statements, an underestimate a long lock.
+// statements, an underestimate a long lock. A statement of few keys that
+// took little time only ever lowers the pace.
 func (p *pacer) learn(keys int, took time.Duration) {
 	if keys <= 0 {
 		return
@@ -85,6 +86,13 @@ func (p *pacer) learn(keys int, took time.Duration) {
 		}
 	}
 	if keys < learnKeys && took < learnTime {
+		// Too small to say the rows are slow, but its time per key,
+		// fixed cost included, bounds theirs: it may only bring a pace
+		// down (halfway), or a pace taught by a hiccup would size
+		// statements this small for good.
+		if s := took / time.Duration(keys); s < p.perKey {
+			p.perKey = (p.perKey + max(s, 1)) / 2
+		}
 		return
 	}
 	s := (took - p.fixed) / time.Duration(keys)

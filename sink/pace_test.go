@@ -74,6 +74,29 @@ func TestPacerLeavesOutTheFixedCost(t *testing.T) {
 	}
 }
 
+// TestPacerLearnsFastRowsFromSmallStatements: a pace taught by a hiccup
+// (10 ms a key) sizes statements of a handful of keys; when they then take
+// a couple of milliseconds each, fewer than learnKeys keys in less than
+// learnTime, they still bring the pace down (their time per key, fixed
+// cost included, bounds the rows' own), and the statements grow back.
+// Before, such statements taught nothing: every later flush was judged too
+// big for one transaction and applied in pieces of a few keys each
+// (TestCutoverFollowsThePage on a busy machine: 1,000 keys in 47
+// transactions, 19 s).
+func TestPacerLearnsFastRowsFromSmallStatements(t *testing.T) {
+	const budget = 200 * time.Millisecond
+	p := pacer{perKey: 10 * time.Millisecond}
+	last := 5
+	for range 30 {
+		n, _ := p.size(budget, 0, last, 5000)
+		p.learn(n, 2*time.Millisecond+time.Duration(n)*10*time.Microsecond)
+		last = n
+	}
+	if last < 1000 || !p.fits(1000, budget) {
+		t.Fatalf("statements of %d keys after 30 of them (pace %s a key), want them grown back past 1000", last, p.perKey)
+	}
+}
+
 // TestStatementsLoop: the pacing loop replays the sizes of the try
 // before, records its own, stops when no keys remain or the room is
 // gone, and once the budget is spent ends the transaction, or, with
