@@ -166,13 +166,8 @@ func runReconcile(ctx context.Context, out io.Writer, api daemonAPI, req reconci
 			fmt.Fprintf(out, "the daemon at %s answers again; following reconciliation %d\n", api.addr, run.ID)
 		}
 		cur := view.RunInfo
-		if cur.Status == state.StatusDone || cur.Status == state.StatusFailed {
-			if bar != nil {
-				_ = bar.Finish()
-				fmt.Fprintln(out)
-			}
-			return summarize(out, cur, time.Since(start))
-		}
+		// Said before the end too: a run another walcount executes may
+		// be done by the first poll (it ended unsaid before).
 		if !view.ExecutedHere && !elsewhere && (cur.Owner != "" || !view.Streaming) {
 			elsewhere = true
 			by := "the walcount that streams from the slot"
@@ -184,6 +179,13 @@ func runReconcile(ctx context.Context, out io.Writer, api daemonAPI, req reconci
 				why = fmt.Sprintf(": the daemon at %s does not stream (a standby waits for the slot)", api.addr)
 			}
 			fmt.Fprintf(out, "reconciliation %d is executed by %s%s; following it\n", run.ID, by, why)
+		}
+		if cur.Status == state.StatusDone || cur.Status == state.StatusFailed {
+			if bar != nil {
+				_ = bar.Finish()
+				fmt.Fprintln(out)
+			}
+			return summarize(out, cur, time.Since(start))
 		}
 		if cur.Status != state.StatusRunning {
 			continue // still queued behind another run
