@@ -132,17 +132,7 @@ func churning(t *testing.T, write func(ctx context.Context, rng *rand.Rand) erro
 func TestCutoverFollowsThePage(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, testenv.Database(t), adoptSchema)
-	// The adoption tests' counters in batches of 40 keys, not 10: the
-	// page's steps do not depend on the batch, and each batch is one
-	// measurement through the stream, which took up to 9 s with make
-	// test's other packages and two busy loops on both cores (the backfill
-	// then checked 721 keys in 3 minutes, steadily, and the test timed
-	// out).
-	cfg := strings.Replace(adoptConfig, "reconcile: {batch_size: 10}", "reconcile: {batch_size: 40}", 1)
-	if cfg == adoptConfig {
-		t.Fatal("adoptConfig no longer sets reconcile.batch_size to 10")
-	}
-	path := c.writeConfig(cfg)
+	path := c.writeConfig(adoptConfig)
 	env := []string{"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + c.redis, "WALCOUNT_SLOT=" + c.slot,
 		"WALCOUNT_HTTP_ADDR=" + unusedAddr(t), "WALCOUNT_FLUSH_INTERVAL=100ms", "WALCOUNT_CONFIG=" + path}
 	pool, err := pgxpool.New(context.Background(), c.db)
