@@ -228,6 +228,10 @@ type Resolved struct {
 	// among them, measures the target rows there are, so it seeds first
 	// (see buildSeed).
 	Seed string
+	// Fill sets the column of the target rows with the keys $1 (text[])
+	// to the value of their source rows now, FilterArgs bound after $1
+	// (see buildFill).
+	Fill string
 	// Read is a fresh read's statement (docs/design.md §7): one snapshot
 	// with, for each key of $1 (text[]) of the slot $2, in order: the
 	// slot's checkpoint W (text), whether a target row has the key, the

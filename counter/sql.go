@@ -90,6 +90,7 @@ SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Iden
 		r.Truth = fmt.Sprintf(`SELECT s.%s::text, %s FROM %s s WHERE s.%s = ANY (CAST($1::text[] AS %s[]))%s GROUP BY s.%s`,
 			keyID, measured, src.Ident(), keyID, key.Full, filter, keyID)
 	}
+	r.buildFill(src, tgt, key, tkey, value, filterAfter(1), onlyRow)
 	// The cached value counts the deltas the flushes carried (design
 	// rule 2): the column and walcount.carried together hold every
 	// transaction up to W.
@@ -440,4 +441,27 @@ func (r *Resolved) buildSeed(src, tgt *Table, tkey Column, filter string) {
 WHERE NOT EXISTS (SELECT 1 FROM %[1]s AS t WHERE t.%[5]s = k.id) ORDER BY k.id
 ON CONFLICT (%[5]s) DO NOTHING RETURNING t.%[5]s::text`,
 		tgt.Ident(), strings.Join(cols, ", "), strings.Join(vals, ", "), keys, tkeyID)
+}
+
+// buildFill writes Fill: the column of the target rows with the keys $1
+// (text[]) set to the value of their source rows now (FilterArgs bound
+// after $1), as the column's type holds it: a count, a sum, a max or min
+// (NULL with no row). A seed creates target rows and fills them in its
+// own transaction, so that no reader ever sees a created row with a value
+// other than the one its rows give (issue 35: a row created with 0 until
+// the backfill reached it was wrong for the time between).
+func (r *Resolved) buildFill(src, tgt *Table, key, tkey Column, value, filter, onlyRow string) {
+	c := r.Counter
+	col := pgx.Identifier{c.Column}.Sanitize()
+	tkeyID := pgx.Identifier{c.TargetKey}.Sanitize()
+	if ext, fn := c.Extremum(); ext != "" {
+		value = fmt.Sprintf("%s(s.%s)", fn, pgx.Identifier{ext}.Sanitize())
+	}
+	match := ""
+	if !c.Keyless() {
+		match = fmt.Sprintf(" AND s.%s = CAST(t.%s::text AS %s)", pgx.Identifier{c.Key}.Sanitize(), tkeyID, key.Full)
+	}
+	r.Fill = fmt.Sprintf(`UPDATE %[1]s AS t SET %[2]s = CAST((SELECT %[3]s FROM %[4]s AS s WHERE true%[5]s%[6]s) AS %[7]s)
+WHERE t.%[8]s = ANY (CAST($1::text[] AS %[9]s[]))%[10]s`,
+		tgt.Ident(), col, value, src.Ident(), match, filter, tgt.Columns[c.Column].Full, tkeyID, tkey.Full, onlyRow)
 }

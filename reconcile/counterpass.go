@@ -83,10 +83,16 @@ const maxSeedMarks = 10000
 // Resolved.Seed), so that the full run that follows measures it and sets
 // its column: without it a key whose source rows predate the counter (or
 // whose row the app deleted, or a TRUNCATE emptied) would get no row
-// until its rows change again. A row created so holds its declared
-// defaults and DEFAULTs in the target's other columns: the other counters
-// of the target are marked dirty for those keys in the same transaction
-// (the whole counter past maxSeedMarks), and their repair sets them.
+// until its rows change again. In the same transaction every counter of
+// the target sets its column in the created rows from its source rows
+// (Resolved.Fill), so that a created row is never seen with a value its
+// rows do not give: the backfill orders this counter after what the
+// target's other counters are computed from (dependsOn). The deltas of
+// changes that committed before the seed but were not flushed yet may
+// still reach the created rows: the measurement that follows corrects the
+// seeding counter's column, and the other counters of the target are
+// marked dirty for those keys in the same transaction (the whole counter
+// past maxSeedMarks), so that their repair measures them.
 func (r *Reconciler) seedTargets(ctx context.Context, run *RunInfo, sql *counter.Resolved) error {
 	c := sql.Counter
 	tx, err := r.opt.Pool.Begin(ctx)
@@ -111,7 +117,13 @@ func (r *Reconciler) seedTargets(ctx context.Context, run *RunInfo, sql *counter
 	}
 	cause := fmt.Sprintf("reconciliation of counter %s created target rows for keys with source rows and no row", c.Name)
 	for _, o := range r.opt.Counters {
-		if o.Name == c.Name || o.Target != c.Target || o.IsVia() {
+		if o.Target != c.Target || o.IsVia() {
+			continue
+		}
+		if err := fillSeeded(ctx, tx, o, keys); err != nil {
+			return fmt.Errorf("counter %s: create missing target rows: fill counter %s: %w", c.Name, o.Name, err)
+		}
+		if o.Name == c.Name {
 			continue
 		}
 		if err := state.MarkDirty(ctx, tx, r.opt.Slot, o.Name, marks, cause); err != nil {
@@ -122,6 +134,26 @@ func (r *Reconciler) seedTargets(ctx context.Context, run *RunInfo, sql *counter
 		return fmt.Errorf("counter %s: create missing target rows: %w", c.Name, err)
 	}
 	r.log.Info("target rows created", zap.Int64("run", run.ID), zap.String("counter", c.Name), zap.Int("rows", len(keys)))
+	return nil
+}
+
+// fillChunk is how many created rows one Fill statement sets.
+const fillChunk = 5000
+
+// fillSeeded sets counter o's column in the target rows of keys, which tx
+// created, from o's source rows (Resolved.Fill).
+func fillSeeded(ctx context.Context, tx pgx.Tx, o counter.Counter, keys []string) error {
+	sql, err := counter.Resolve(ctx, tx, o)
+	if err != nil {
+		return err
+	}
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), fillChunk)]
+		keys = keys[len(chunk):]
+		if _, err := tx.Exec(ctx, sql.Fill, append([]any{chunk}, sql.FilterArgs...)...); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

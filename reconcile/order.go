@@ -17,6 +17,24 @@ func dependsOn(d, c counter.Counter) bool {
 	return c.IsVia() && d.Through != nil && d.Through.Role == "" && d.Through.Counter == c.Through.Counter
 }
 
+// backfillsAfter reports whether the backfill must take counter d after
+// counter c of cs: d depends on c, or d creates target rows and another
+// counter of its target depends on c. A created row's every counter
+// column is set from its source rows in the seed's transaction
+// (seedTargets), which must not read a via table or a level below that
+// is not counted yet.
+func backfillsAfter(cs []counter.Counter, d, c counter.Counter) bool {
+	if dependsOn(d, c) {
+		return true
+	}
+	if !d.CreateMissing || d.IsVia() {
+		return false
+	}
+	return slices.ContainsFunc(cs, func(o counter.Counter) bool {
+		return o.Name != d.Name && o.Target == d.Target && !o.IsVia() && dependsOn(o, c)
+	})
+}
+
 // BackfillOrder returns the counters of names to backfill in the order a
 // backfill must take them (docs/design.md §5, "Backfill order"): every
 // counter after the counters it is computed from, so that no counter is
@@ -52,7 +70,7 @@ func BackfillOrder(cs []counter.Counter, names []string) []string {
 		// The first counter (in cs's order) that is computed from none
 		// of the others left.
 		i := slices.IndexFunc(todo, func(d counter.Counter) bool {
-			return !slices.ContainsFunc(todo, func(c counter.Counter) bool { return c.Name != d.Name && dependsOn(d, c) })
+			return !slices.ContainsFunc(todo, func(c counter.Counter) bool { return c.Name != d.Name && backfillsAfter(cs, d, c) })
 		})
 		if i < 0 {
 			i = 0 // a cycle, which counter.Validate refuses: keep cs's order

@@ -52,6 +52,29 @@ func TestBackfillOrder(t *testing.T) {
 	}
 }
 
+// TestBackfillOrderCreatingCounter: a counter that creates target rows
+// comes after what the other counters of its target are computed from
+// (here user_karma's via table), since its seed fills their columns in
+// the rows it creates; declared first, it would otherwise go first.
+func TestBackfillOrderCreatingCounter(t *testing.T) {
+	cs := counter.ExpandThrough([]counter.Counter{
+		{Name: "user_votes", Source: "public.votes", Key: "voter_id", Target: "public.users", TargetKey: "id", Column: "votes", CreateMissing: true},
+		{Name: "post_votes", Source: "public.votes", Key: "post_id", Target: "public.posts", TargetKey: "id", Column: "votes"},
+		{Name: "user_karma", Source: "public.votes", Key: "post_id", Target: "public.users", TargetKey: "id", Column: "karma", Sum: "score",
+			Through: &counter.Through{Table: "public.posts", Key: "id", Column: "user_id"}},
+		{Name: "post_stats", Source: "public.votes", Key: "post_id", Target: "public.stats", TargetKey: "post_id", Column: "votes", CreateMissing: true},
+	})
+	all := make([]string, len(cs))
+	for i, c := range cs {
+		all[i] = c.Name
+	}
+	got := BackfillOrder(cs, all)
+	want := []string{"post_votes", "post_stats", "user_karma__via_total", "user_karma__via_target", "user_karma__via_where", "user_votes", "user_karma"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("order:\n got %v\nwant %v", got, want)
+	}
+}
+
 func counterNamed(cs []counter.Counter, name string) (counter.Counter, bool) {
 	for _, c := range cs {
 		if c.Name == name {

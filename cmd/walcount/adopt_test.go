@@ -159,7 +159,7 @@ func testAdopt(t *testing.T, kill bool) {
 
 	// The poller reads every column in one statement (one snapshot), as
 	// fast as it can, from before setup to the end of the backfill.
-	w := startAdoptPoller(t, c.db)
+	w := startAdoptPoller(t, c.db, adoptOff)
 	if code, _, _ := walcount(t, env, "setup"); code != exitOK {
 		t.Fatalf("setup: exit %d", code)
 	}
@@ -253,7 +253,8 @@ func (c *cli) waitCheckpointPastNow() {
 	})
 }
 
-// adoptPoller reads adoptOff in a loop until stopped.
+// adoptPoller reads a query of wrong cells (adoptOff) in a loop until
+// stopped.
 type adoptPoller struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -263,7 +264,7 @@ type adoptPoller struct {
 	err    error
 }
 
-func startAdoptPoller(t *testing.T, db string) *adoptPoller {
+func startAdoptPoller(t *testing.T, db, offSQL string) *adoptPoller {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	conn, err := pgx.Connect(ctx, db)
@@ -276,7 +277,7 @@ func startAdoptPoller(t *testing.T, db string) *adoptPoller {
 		defer conn.Close(context.Background())
 		for ctx.Err() == nil {
 			var off []string
-			err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(o), '{}') FROM ("+adoptOff+") o(o)").Scan(&off)
+			err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(o), '{}') FROM ("+offSQL+") o(o)").Scan(&off)
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
 				// The test's DROP TRIGGER of votes then posts (an
