@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"net/url"
 	"os"
@@ -247,16 +248,28 @@ func (e redisClusterEntry) shape() string {
 	return e.role() + " of " + e.master + " slots " + strings.Join(e.slots, ",")
 }
 
+// slotRanges yields the first and last slot of each of e.slots ("5" or
+// "0-5460").
+func (e redisClusterEntry) slotRanges() iter.Seq2[int, int] {
+	return func(yield func(int, int) bool) {
+		for _, s := range e.slots {
+			lo, hi, isRange := strings.Cut(s, "-")
+			a, _ := strconv.Atoi(lo)
+			b := a
+			if isRange {
+				b, _ = strconv.Atoi(hi)
+			}
+			if !yield(a, b) {
+				return
+			}
+		}
+	}
+}
+
 // slotCount returns the number of slots in e.slots.
 func (e redisClusterEntry) slotCount() int {
 	n := 0
-	for _, s := range e.slots {
-		lo, hi, isRange := strings.Cut(s, "-")
-		a, _ := strconv.Atoi(lo)
-		b := a
-		if isRange {
-			b, _ = strconv.Atoi(hi)
-		}
+	for a, b := range e.slotRanges() {
 		n += b - a + 1
 	}
 	return n
@@ -264,13 +277,7 @@ func (e redisClusterEntry) slotCount() int {
 
 // ownsSlot reports whether e.slots contains slot.
 func (e redisClusterEntry) ownsSlot(slot int) bool {
-	for _, s := range e.slots {
-		lo, hi, isRange := strings.Cut(s, "-")
-		a, _ := strconv.Atoi(lo)
-		b := a
-		if isRange {
-			b, _ = strconv.Atoi(hi)
-		}
+	for a, b := range e.slotRanges() {
 		if slot >= a && slot <= b {
 			return true
 		}
