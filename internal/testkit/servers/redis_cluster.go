@@ -113,15 +113,7 @@ func StartRedisCluster(ctx context.Context, opt RedisClusterOptions) (_ *RedisCl
 	if opt.NodeTimeout == 0 {
 		opt.NodeTimeout = DefaultRedisClusterNodeTimeout
 	}
-	bin, err := findRedisBin()
-	if err != nil {
-		return nil, fmt.Errorf("start redis cluster: %w", err)
-	}
-	sec, err := newRedisSecurity(opt.TLS, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
-	if err != nil {
-		return nil, fmt.Errorf("start redis cluster: %w", err)
-	}
-	root, err := makeTempDir("walcount-redis-cluster-")
+	bin, sec, root, err := prepareRedis("walcount-redis-cluster-", opt.TLS, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
 	if err != nil {
 		return nil, fmt.Errorf("start redis cluster: %w", err)
 	}
@@ -129,14 +121,7 @@ func StartRedisCluster(ctx context.Context, opt RedisClusterOptions) (_ *RedisCl
 	if c.logger == nil {
 		c.logger = zap.NewNop()
 	}
-	defer func() {
-		if err != nil {
-			if tails := redisLogTails(c.nodes, 15); tails != "" {
-				err = fmt.Errorf("%w\n%s", err, tails)
-			}
-			_ = closeRedisNodes(c.nodes, root)
-		}
-	}()
+	defer closeFailedStart(&err, func() []*RedisNode { return c.nodes }, root)
 	total := opt.Masters * (1 + opt.ReplicasPerMaster)
 	for i := range total {
 		n, err := newRedisNode(root, "node"+strconv.Itoa(i), bin, sec.adminAccess(), c.logger)
