@@ -91,16 +91,22 @@ type CommitRecorder interface {
 	Record(end cdc.LSN, commit time.Time)
 }
 
-// MessageHandler receives walcount's own logical messages (prefix
-// "walcount") at their place in the stream. It may return deltas, which
-// are added to the message's transaction as ordinary deltas.
-type MessageHandler func(end cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error)
-
-// TxnObserver sees every committed transaction with its deltas (before
-// coalescing across transactions), the counters it truncated and the
-// buffered deltas its target lifecycle events moved or dropped;
-// reconciliation uses it. deltas and moved are valid only during the call.
-type TxnObserver func(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool, moved []counter.Move)
+// Reconciliation is what reconciliation follows of the stream, at the
+// aggregator's place in it (reconcile.Recorder): the messages that time
+// its measurements and carry its corrections, and the transactions
+// committed meanwhile.
+type Reconciliation interface {
+	// HandleMessage receives walcount's own logical messages (prefix
+	// "walcount") that are not the flushes' markers or quiet messages. It
+	// may return deltas, which are added to the message's transaction as
+	// ordinary deltas.
+	HandleMessage(end cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error)
+	// Observe sees every committed transaction with its deltas (before
+	// coalescing across transactions), the counters it truncated and the
+	// buffered deltas its target lifecycle events moved or dropped. deltas
+	// and moved are valid only during the call.
+	Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool, moved []counter.Move)
+}
 
 // FlushLog holds what each flush applied, so that a flush that crossed a
 // target row's lifecycle event can be followed (see lifecycle.go). Seen
@@ -151,12 +157,11 @@ type Options struct {
 	// already holds (meta.lsn): the chain continues from it and every
 	// transaction ending at or before it is skipped.
 	Start cdc.LSN
-	// Commits, Messages, Observe, Flushes and Marks are optional.
-	Commits  CommitRecorder
-	Messages MessageHandler
-	Observe  TxnObserver
-	Flushes  FlushLog
-	Marks    Marks
+	// Commits, Reconciliation, Flushes and Marks are optional.
+	Commits        CommitRecorder
+	Reconciliation Reconciliation
+	Flushes        FlushLog
+	Marks          Marks
 	// WasDegraded are the counters an earlier session reported degraded:
 	// the first binding that finds their source's identity whole again
 	// reports them keepable.
@@ -423,10 +428,10 @@ func (a *Aggregator) handle(ctx context.Context, ev *cdc.Event) error {
 			}
 			return nil
 		}
-		if a.opt.Messages == nil {
+		if a.opt.Reconciliation == nil {
 			return nil
 		}
-		ds, err := a.opt.Messages(ev.LSN, a.xid, ev.Content)
+		ds, err := a.opt.Reconciliation.HandleMessage(ev.LSN, a.xid, ev.Content)
 		if err != nil {
 			return err
 		}
@@ -636,8 +641,8 @@ func (a *Aggregator) commit(ctx context.Context, ev *cdc.Event) error {
 	if err := a.markUnvouched(); err != nil {
 		return err
 	}
-	if a.opt.Observe != nil {
-		a.opt.Observe(a.xid, ev.LSN, a.txn.all(), a.resets, a.lc.moves)
+	if a.opt.Reconciliation != nil {
+		a.opt.Reconciliation.Observe(a.xid, ev.LSN, a.txn.all(), a.resets, a.lc.moves)
 	}
 	a.commitLifecycle(ev.LSN)
 	if a.spilled > 0 {
@@ -775,10 +780,10 @@ func (a *Aggregator) spill(ctx context.Context) error {
 		a.log.Info("a source transaction passed aggregator_transaction_keys: writing it to redis in parts before its commit",
 			zap.Uint32("xid", a.xid), zap.Stringer("commit_lsn", a.begin), zap.Int("keys", a.txn.size()))
 	}
-	if a.opt.Observe != nil {
-		// The observer sees the transaction in parts, each as of its
+	if a.opt.Reconciliation != nil {
+		// Reconciliation sees the transaction in parts, each as of its
 		// commit record (+1: past a W that ends where it starts).
-		a.opt.Observe(a.xid, a.begin+1, a.txn.all(), a.resets, nil)
+		a.opt.Reconciliation.Observe(a.xid, a.begin+1, a.txn.all(), a.resets, nil)
 	}
 	a.scratch = a.scratch[:0]
 	for f, n := range a.txn.all() {

@@ -19,6 +19,13 @@
 // is written, the sink flushes and then zeroes the counters in the same
 // transaction that moves W past the TRUNCATE.
 //
+// It talks to the rest of walcount through the ports of Options, one a
+// party: Buffer (the Redis buffer, which may be a Spiller), Barrier (the
+// sink, for a TRUNCATE), Commits (the apply lag's commit times),
+// Reconciliation (reconcile's recorder: walcount's messages and every
+// committed transaction), Flushes (what each flush applied) and Marks
+// (the dirty and degraded marks); the session wires them (app/daemon).
+//
 // The package is walcount's own code, not a stable API: it is importable
 // only because Go makes a top-level package so.
 package aggregator

@@ -80,14 +80,11 @@ func runBig(ctx context.Context, b *bench) ([]bigResult, error) {
 
 func bigOne(ctx context.Context, b *bench, n int64, kill bool) (bigResult, error) {
 	res := bigResult{keys: n, killed: kill}
-	c, err := newCluster(ctx, int(n))
+	c, err := newSetUpCluster(ctx, int(n))
 	if err != nil {
 		return res, err
 	}
 	defer c.close()
-	if err := c.setup(ctx); err != nil {
-		return res, fmt.Errorf("walcount setup: %w", err)
-	}
 	ropt, err := redisconn.Parse(c.redis.URL(), redisconn.TLSOptions{})
 	if err != nil {
 		return res, err

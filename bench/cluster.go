@@ -115,6 +115,19 @@ func newCluster(ctx context.Context, posts int) (*cluster, error) {
 	return c, nil
 }
 
+// newSetUpCluster is newCluster with walcount set up on it (setup).
+func newSetUpCluster(ctx context.Context, posts int) (*cluster, error) {
+	c, err := newCluster(ctx, posts)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.setup(ctx); err != nil {
+		c.close()
+		return nil, fmt.Errorf("walcount setup: %w", err)
+	}
+	return c, nil
+}
+
 func (c *cluster) close() {
 	if c.db != nil {
 		c.db.Close()

@@ -68,14 +68,11 @@ func runDrain(ctx context.Context, b *bench) ([]drainResult, error) {
 
 func drainOne(ctx context.Context, b *bench, s drainShape) (drainResult, error) {
 	res := drainResult{shape: s}
-	c, err := newCluster(ctx, zipfPosts)
+	c, err := newSetUpCluster(ctx, zipfPosts)
 	if err != nil {
 		return res, err
 	}
 	defer c.close()
-	if err := c.setup(ctx); err != nil {
-		return res, fmt.Errorf("walcount setup: %w", err)
-	}
 	cfg := c.walcountConfig()
 	if _, err := c.db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, bareSlot); err != nil {
 		return res, fmt.Errorf("create bare slot: %w", err)

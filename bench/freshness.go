@@ -60,14 +60,11 @@ func usageAndLikes(ctx context.Context, wc *walcountProc, c *cluster) (usage, in
 // runFreshness measures apply lag at a fixed rate on a fresh cluster.
 func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, error) {
 	res := freshResult{target: rate}
-	c, err := newCluster(ctx, zipfPosts)
+	c, err := newSetUpCluster(ctx, zipfPosts)
 	if err != nil {
 		return res, err
 	}
 	defer c.close()
-	if err := c.setup(ctx); err != nil {
-		return res, err
-	}
 	updates0, err := c.postUpdates(ctx)
 	if err != nil {
 		return res, err
@@ -88,10 +85,8 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	pr := &prober{c: c}
 	wg.Go(func() { pr.run(lctx) })
 
-	select {
-	case <-time.After(b.freshWarmup):
-	case <-ctx.Done():
-		return res, ctx.Err()
+	if err := pause(ctx, b.freshWarmup); err != nil {
+		return res, err
 	}
 	fams, err := wc.scrape(ctx)
 	if err != nil {
@@ -104,10 +99,8 @@ func runFreshness(ctx context.Context, b *bench, rate float64) (freshResult, err
 	}
 	pr.setWindow(time.Now())
 	windowStart := time.Now()
-	select {
-	case <-time.After(b.freshMeasure):
-	case <-ctx.Done():
-		return res, ctx.Err()
+	if err := pause(ctx, b.freshMeasure); err != nil {
+		return res, err
 	}
 	pr.setWindowEnd(time.Now())
 	window := time.Since(windowStart)

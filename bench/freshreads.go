@@ -136,14 +136,11 @@ func (f freshClient) get(ctx context.Context, post int64, minLSN string) bool {
 
 func runFreshReads(ctx context.Context, b *bench) (freadsResult, error) {
 	res := freadsResult{target: readsTarget}
-	c, err := newCluster(ctx, zipfPosts)
+	c, err := newSetUpCluster(ctx, zipfPosts)
 	if err != nil {
 		return res, err
 	}
 	defer c.close()
-	if err := c.setup(ctx); err != nil {
-		return res, err
-	}
 	wc, err := startReady(ctx, b, c)
 	if err != nil {
 		return res, err
@@ -162,10 +159,8 @@ func runFreshReads(ctx context.Context, b *bench) (freadsResult, error) {
 	wg.Go(func() { errs[1] = rywProbe(lctx, c.url, fc, &ryw) })
 	wg.Go(func() { errs[2] = recvProbe(lctx, c.url, wc, &recv) })
 
-	select {
-	case <-time.After(b.freshWarmup):
-	case <-ctx.Done():
-		return res, ctx.Err()
+	if err := pause(ctx, b.freshWarmup); err != nil {
+		return res, err
 	}
 	fams, err := wc.scrape(ctx)
 	if err != nil {
@@ -178,10 +173,8 @@ func runFreshReads(ctx context.Context, b *bench) (freadsResult, error) {
 		return res, err
 	}
 	from := time.Now()
-	select {
-	case <-time.After(b.freshMeasure):
-	case <-ctx.Done():
-		return res, ctx.Err()
+	if err := pause(ctx, b.freshMeasure); err != nil {
+		return res, err
 	}
 	to := time.Now()
 	likes1, err := c.likesCount(ctx)
@@ -241,33 +234,16 @@ func histogramOf(fams map[string]*dto.MetricFamily, name string) []bucket {
 // pacedReads reads the hot post at readsTarget reads/s (open loop) with
 // readers goroutines until ctx is done.
 func pacedReads(ctx context.Context, fc freshClient, rec *recorder) {
-	start := time.Now()
-	interval := time.Duration(float64(time.Second) * readers / readsTarget)
-	var wg sync.WaitGroup
-	for i := range readers {
-		wg.Go(func() {
-			next := start.Add(time.Duration(float64(time.Second) * float64(i) / readsTarget))
-			for {
-				if d := time.Until(next); d > 0 {
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(d):
-					}
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				at := time.Now()
-				ok := fc.get(ctx, hotPost, "")
-				if ctx.Err() == nil {
-					rec.add(at, time.Since(at), ok)
-				}
-				next = next.Add(interval)
+	paced(ctx, readers, readsTarget, func(int) func() bool {
+		return func() bool {
+			at := time.Now()
+			ok := fc.get(ctx, hotPost, "")
+			if ctx.Err() == nil {
+				rec.add(at, time.Since(at), ok)
 			}
-		})
-	}
-	wg.Wait()
+			return true
+		}
+	})
 }
 
 // rywProbe likes the hot post every rywInterval, takes the WAL position

@@ -191,6 +191,36 @@ func writeLike(ctx context.Context, conn *pgx.Conn, st style, post, user int64) 
 	}
 }
 
+// paced calls the step functions of n workers at rate calls/s in all (an
+// open loop) until ctx is done or a step returns false: worker i makes
+// its step function once, calls it first at i/rate after the start, then
+// every n/rate, and back to back when it falls behind.
+func paced(ctx context.Context, n int, rate float64, worker func(i int) (step func() bool)) {
+	start := time.Now()
+	interval := time.Duration(float64(time.Second) * float64(n) / rate)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			step := worker(i)
+			next := start.Add(time.Duration(float64(time.Second) * float64(i) / rate))
+			for {
+				if d := time.Until(next); d > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(d):
+					}
+				}
+				if ctx.Err() != nil || !step() {
+					return
+				}
+				next = next.Add(interval)
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // pacedLoad writes likes at a fixed rate (open loop) with the given
 // clients until ctx is done; each client keeps to its slots of the
 // schedule and runs back to back when it falls behind. It returns the
@@ -211,38 +241,21 @@ func pacedLoad(ctx context.Context, url string, clients int, rate float64, w wor
 		}
 		conns[i] = c
 	}
-	start := time.Now()
-	interval := time.Duration(float64(time.Second) * float64(clients) / rate)
 	counts := make([]int64, clients)
 	errs := make([]error, clients)
-	var wg sync.WaitGroup
-	for i, conn := range conns {
-		wg.Go(func() {
-			pick := w.picker(uint64(i) + 101)
-			next := start.Add(time.Duration(float64(time.Second) * float64(i) / rate))
-			user := int64(i) << 32
-			for {
-				if d := time.Until(next); d > 0 {
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(d):
-					}
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				user++
-				if _, err := conn.Exec(context.WithoutCancel(ctx), insertSQL, pick(), user); err != nil {
-					errs[i] = fmt.Errorf("paced insert: %w", err)
-					return
-				}
-				counts[i]++
-				next = next.Add(interval)
+	paced(ctx, clients, rate, func(i int) func() bool {
+		pick := w.picker(uint64(i) + 101)
+		user := int64(i) << 32
+		return func() bool {
+			user++
+			if _, err := conns[i].Exec(context.WithoutCancel(ctx), insertSQL, pick(), user); err != nil {
+				errs[i] = fmt.Errorf("paced insert: %w", err)
+				return false
 			}
-		})
-	}
-	wg.Wait()
+			counts[i]++
+			return true
+		}
+	})
 	var n int64
 	for i := range counts {
 		if errs[i] != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
@@ -454,19 +455,14 @@ func reconcilePass(ctx context.Context, wc *walcountProc, batch, limit int) (pas
 }
 
 func daemonReconcileStatus(ctx context.Context, addr string) (reconcile.Status, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
+	r, err := httpapi.Get(ctx, addr, "/status", 1<<20)
 	if err != nil {
 		return reconcile.Status{}, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return reconcile.Status{}, err
-	}
-	defer resp.Body.Close()
 	var s struct {
 		Reconcile reconcile.Status `json:"reconcile"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+	if err := json.Unmarshal(r.Body, &s); err != nil {
 		return reconcile.Status{}, fmt.Errorf("parse /status: %w", err)
 	}
 	return s.Reconcile, nil

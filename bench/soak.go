@@ -308,6 +308,7 @@ func (k *soak) loop(ctx context.Context) error {
 	return nil
 }
 
+// pause waits d, or returns ctx's error when ctx ends first.
 func pause(ctx context.Context, d time.Duration) error {
 	select {
 	case <-ctx.Done():

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/walcount/walcount/internal/httpapi"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat.
@@ -175,22 +178,21 @@ func procUsage(pid int) (usage, error) {
 	return u, sc.Err()
 }
 
+// metricsLimit bounds the /metrics scrape read: far above the daemon's
+// whole exposition, which is some tens of kilobytes.
+const metricsLimit = 64 << 20
+
 // scrape reads the daemon's /metrics.
 func (w *walcountProc) scrape(ctx context.Context) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.addr+"/metrics", nil)
+	r, err := httpapi.Get(ctx, w.addr, "/metrics", metricsLimit)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	if r.Code != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", r.Status)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(resp.Body)
+	return p.TextToMetricFamilies(bytes.NewReader(r.Body))
 }
 
 // waitMetrics waits until /metrics answers (the daemon is up).

@@ -7,65 +7,66 @@ import (
 
 // Counter declares one counter cache: the rows of Source, grouped by Key,
 // are counted (or their Sum column summed) into Target.Column of the row
-// whose TargetKey equals the key.
+// whose TargetKey equals the key. The configuration file's keys of a
+// counter are app/config's (name, source, key, target, target_key, ...).
 type Counter struct {
 	// Name is unique among the counters; it is used in metrics, logs and
 	// in walcount's Redis fields. It matches [a-z][a-z0-9_]*.
-	Name string `yaml:"name"`
+	Name string
 	// Source is the table whose rows are counted, schema-qualified
 	// ("public.likes"). An unqualified name means schema public.
-	Source string `yaml:"source"`
+	Source string
 	// Key is the source column naming the target row.
-	Key string `yaml:"key"`
+	Key string
 	// Target is the table holding the counter column.
-	Target string `yaml:"target"`
+	Target string
 	// TargetKey is the target column matched against Key.
-	TargetKey string `yaml:"target_key"`
+	TargetKey string
 	// Column is the target column that holds the count.
-	Column string `yaml:"column"`
+	Column string
 	// Sum, when set, names a numeric source column whose values are summed
 	// instead of counting rows.
-	Sum string `yaml:"sum"`
+	Sum string
 	// Where restricts the counted rows: every listed source column must
 	// equal the given value. A nil value means IS NULL.
-	Where map[string]*string `yaml:"where"`
+	Where map[string]*string
 	// Filters restricts the counted rows further with conditions beyond
 	// equality: IS NOT NULL, <>, IN and NOT IN (see Filter). A column is
 	// in Where or in Filters, not both. It is omitted from the recorded
 	// definition when empty, so that counters without it keep theirs.
-	Filters map[string]Filter `yaml:"-" json:",omitempty"`
+	Filters map[string]Filter `json:",omitempty"`
 	// TargetRow, when set, makes a total with no key: Key is empty and
 	// every counted source row counts into the one target row whose
 	// TargetKey is TargetRow (a site-wide row), written as PostgreSQL
 	// prints the value.
-	TargetRow string `yaml:"target_row" json:",omitempty"`
+	TargetRow string `json:",omitempty"`
 	// AppendOnly declares that the source takes only INSERTs (an event
 	// log): its replica identity need not carry the columns the counter
 	// reads, and an UPDATE or DELETE that reaches the stream anyway marks
 	// the counter dirty instead of being counted.
-	AppendOnly bool `yaml:"append_only" json:",omitempty"`
+	AppendOnly bool `json:",omitempty"`
 	// CreateMissing makes the flush create the target row of a key that
 	// has none (INSERT ... ON CONFLICT (target_key) DO UPDATE): the
 	// created row's column starts at the key's delta, TargetKey holds the
 	// key, and Defaults gives the other columns their values. It is left
 	// out of the recorded definition: it changes no count of an existing
 	// row, so turning it on or off needs no backfill.
-	CreateMissing bool `yaml:"-" json:"-"`
+	CreateMissing bool `json:"-"`
 	// Defaults maps target columns to the values a created row gets (as
 	// text, cast to the column's type on the server); the columns it does
 	// not name get their declared DEFAULT or NULL.
-	Defaults map[string]string `yaml:"-" json:"-"`
+	Defaults map[string]string `json:"-"`
 	// Max and Min, when one is set, name a source column whose greatest
 	// (least) value over the counted rows of each key is kept in Column,
 	// NULL when there is none (an extremum). They are omitted from the
 	// recorded definition when empty.
-	Max string `yaml:"max" json:",omitempty"`
-	Min string `yaml:"min" json:",omitempty"`
+	Max string `json:",omitempty"`
+	Min string `json:",omitempty"`
 	// Through, when set, makes the counter reach its target through one
 	// parent row (see Through and ExpandThrough). It is in the recorded
 	// definition, so that a change of the parent's filter or of the
 	// column naming the target backfills the counters it changes.
-	Through *Through `yaml:"-" json:",omitempty"`
+	Through *Through `json:",omitempty"`
 }
 
 // Extremum returns the source column an extremum counter keeps the

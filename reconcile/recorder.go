@@ -84,9 +84,9 @@ type measurement struct {
 	err     error
 }
 
-// Recorder is the part of reconciliation that runs inside the stream: the
-// aggregator calls HandleMessage and Observe from its goroutine, in
-// stream order. The reconciler registers measurements from another
+// Recorder is the part of reconciliation that runs inside the stream, the
+// aggregator's Reconciliation: the aggregator calls HandleMessage and
+// Observe from its goroutine, in stream order. The reconciler registers measurements from another
 // goroutine. All methods are safe for concurrent use.
 type Recorder struct {
 	slot   string
@@ -163,10 +163,10 @@ func (r *Recorder) setSnapshot(m *measurement, snap Snapshot, ws cdc.LSN) {
 
 var reconcileTag = []byte(`"reconcile"`)
 
-// HandleMessage is the aggregator's MessageHandler. At a measurement's M1
-// it computes pending(k) (the reconciler then computes the corrections and
-// emits those to apply); at a correction message it returns the
-// corrections, as deltas of the message's transaction.
+// HandleMessage receives walcount's messages from the aggregator. At a
+// measurement's M1 it computes pending(k) (the reconciler then computes
+// the corrections and emits those to apply); at a correction message it
+// returns the corrections, as deltas of the message's transaction.
 func (r *Recorder) HandleMessage(_ cdc.LSN, xid uint32, content []byte) ([]counter.Delta, error) {
 	if bytes.Contains(content, correctTag) {
 		var c correction
@@ -240,8 +240,8 @@ func (m *measurement) pendingDeltas() map[string]int64 {
 	return pending
 }
 
-// Observe is the aggregator's TxnObserver: it records the deltas of every
-// transaction after M0 for the measured counter.
+// Observe sees each committed transaction from the aggregator: it records
+// the deltas of every transaction after M0 for the measured counter.
 func (r *Recorder) Observe(xid uint32, end cdc.LSN, deltas iter.Seq2[string, int64], truncated map[string]bool, moved []counter.Move) {
 	if r.active.Load() == 0 {
 		return

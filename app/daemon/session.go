@@ -288,17 +288,16 @@ func (s *liveSession) run(ctx context.Context) error {
 		Marks:     marks,
 		// A counter degraded in an earlier session stays so until this
 		// one sees its source's identity carry the column again.
-		WasDegraded: d.degradedCounters(),
-		Buffer:      d.buf,
-		Barrier:     s.flusher,
-		Start:       s.start,
-		Commits:     d.lag,
-		Messages:    d.rec.Recorder().HandleMessage,
-		Observe:     d.rec.Recorder().Observe,
-		Metrics:     d.m,
-		Tally:       d.tally,
-		Logger:      d.log,
-		Failpoints:  d.opt.Failpoints,
+		WasDegraded:    d.degradedCounters(),
+		Buffer:         d.buf,
+		Barrier:        s.flusher,
+		Start:          s.start,
+		Commits:        d.lag,
+		Reconciliation: d.rec.Recorder(),
+		Metrics:        d.m,
+		Tally:          d.tally,
+		Logger:         d.log,
+		Failpoints:     d.opt.Failpoints,
 		// A source transaction of more keys is written to Redis in
 		// parts before its COMMIT, discarded by a restart before it.
 		TransactionKeys: d.cfg.AggregatorTransactionKeys,

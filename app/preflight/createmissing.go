@@ -2,6 +2,7 @@ package preflight
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -44,7 +45,7 @@ func (r *run) checkCreateMissing() error {
 		}
 		g.idx = append(g.idx, i)
 		g.names = append(g.names, c.Name)
-		for _, col := range append([]string{c.TargetKey, c.Column}, mapsKeys(c.Defaults)...) {
+		for _, col := range append([]string{c.TargetKey, c.Column}, slices.Sorted(maps.Keys(c.Defaults))...) {
 			if !slices.Contains(g.inserted, col) {
 				g.inserted = append(g.inserted, col)
 			}
@@ -75,7 +76,7 @@ func (r *run) checkCreateMissing() error {
 		missingBy := map[string][]int{}
 		for _, i := range g.idx {
 			c := r.cfg.Counters[i]
-			for _, d := range mapsKeys(c.Defaults) {
+			for _, d := range slices.Sorted(maps.Keys(c.Defaults)) {
 				col, found := g.tgt.Columns[d]
 				switch {
 				case !found:
@@ -152,14 +153,5 @@ func identAll(r *run, names []string) []string {
 	for i, n := range names {
 		out[i] = r.ident(n)
 	}
-	return out
-}
-
-func mapsKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
 	return out
 }

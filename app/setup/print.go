@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -492,7 +493,7 @@ func missingGrants(ctx context.Context, conn *pgx.Conn, counters []counter.Count
 		var sel, upd, ins []string
 		privs := []struct{ col, priv string }{{c.TargetKey, "SELECT"}, {c.Column, "SELECT"}, {c.Column, "UPDATE"}}
 		if c.CreateMissing {
-			for _, col := range append([]string{c.TargetKey, c.Column}, sortedNames(c.Defaults)...) {
+			for _, col := range append([]string{c.TargetKey, c.Column}, slices.Sorted(maps.Keys(c.Defaults))...) {
 				privs = append(privs, struct{ col, priv string }{col, "INSERT"})
 			}
 		}
@@ -562,14 +563,4 @@ func containsString(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// sortedNames returns m's keys, sorted.
-func sortedNames(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

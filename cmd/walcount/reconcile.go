@@ -16,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/walcount/walcount/app/config"
+	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/reconcile"
 	"github.com/walcount/walcount/state"
 )
@@ -220,20 +221,11 @@ const followGrace = 2 * time.Minute
 func fetchRun(ctx context.Context, addr string, id int64) (reconcile.RunView, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/v1/reconcile/%d", addr, id), nil)
+	r, err := httpapi.Get(ctx, addr, fmt.Sprintf("/v1/reconcile/%d", id), 1<<20)
 	if err != nil {
 		return reconcile.RunView{}, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return reconcile.RunView{}, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return reconcile.RunView{}, err
-	}
-	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+	if r.Code == http.StatusNotFound || r.Code == http.StatusMethodNotAllowed {
 		// A daemon without GET /v1/reconcile/{id}: what /status shows.
 		st, err := fetchReconcileStatus(ctx, addr)
 		if err != nil {
@@ -246,11 +238,11 @@ func fetchRun(ctx context.Context, addr string, id int64) (reconcile.RunView, er
 		}
 		return reconcile.RunView{RunInfo: reconcile.RunInfo{ID: id, Status: state.StatusPending}, ExecutedHere: true, Streaming: true}, nil
 	}
-	if resp.StatusCode != http.StatusOK {
-		return reconcile.RunView{}, fmt.Errorf("GET /v1/reconcile/%d: %s: %s", id, resp.Status, bytes.TrimSpace(data))
+	if r.Code != http.StatusOK {
+		return reconcile.RunView{}, fmt.Errorf("GET /v1/reconcile/%d: %s: %s", id, r.Status, bytes.TrimSpace(r.Body))
 	}
 	var v reconcile.RunView
-	if err := json.Unmarshal(data, &v); err != nil {
+	if err := json.Unmarshal(r.Body, &v); err != nil {
 		return reconcile.RunView{}, fmt.Errorf("parse run %d: %w", id, err)
 	}
 	return v, nil

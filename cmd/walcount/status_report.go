@@ -17,6 +17,7 @@ import (
 	"github.com/walcount/walcount/app/config"
 	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/internal/redact"
 	"github.com/walcount/walcount/internal/redisconn"
@@ -169,23 +170,14 @@ const statusDaemonTimeout = 5 * time.Second
 func fetchDaemonStatus(ctx context.Context, addr string) (json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(ctx, statusDaemonTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
+	r, err := httpapi.Get(ctx, addr, "/status", 1<<20)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
+	if r.Code != http.StatusOK {
+		return nil, fmt.Errorf("status %s", r.Status)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("status %s", resp.Status)
-	}
-	return json.RawMessage(body), nil
+	return json.RawMessage(r.Body), nil
 }
 
 // inactiveWarning says why the slot has no reader, from what status could

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"net/url"
 	"os"
@@ -112,15 +113,7 @@ func StartRedisCluster(ctx context.Context, opt RedisClusterOptions) (_ *RedisCl
 	if opt.NodeTimeout == 0 {
 		opt.NodeTimeout = DefaultRedisClusterNodeTimeout
 	}
-	bin, err := findRedisBin()
-	if err != nil {
-		return nil, fmt.Errorf("start redis cluster: %w", err)
-	}
-	sec, err := newRedisSecurity(opt.TLS, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
-	if err != nil {
-		return nil, fmt.Errorf("start redis cluster: %w", err)
-	}
-	root, err := makeTempDir("walcount-redis-cluster-")
+	bin, sec, root, err := prepareRedis("walcount-redis-cluster-", opt.TLS, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
 	if err != nil {
 		return nil, fmt.Errorf("start redis cluster: %w", err)
 	}
@@ -128,14 +121,7 @@ func StartRedisCluster(ctx context.Context, opt RedisClusterOptions) (_ *RedisCl
 	if c.logger == nil {
 		c.logger = zap.NewNop()
 	}
-	defer func() {
-		if err != nil {
-			if tails := redisLogTails(c.nodes, 15); tails != "" {
-				err = fmt.Errorf("%w\n%s", err, tails)
-			}
-			_ = closeRedisNodes(c.nodes, root)
-		}
-	}()
+	defer closeFailedStart(&err, func() []*RedisNode { return c.nodes }, root)
 	total := opt.Masters * (1 + opt.ReplicasPerMaster)
 	for i := range total {
 		n, err := newRedisNode(root, "node"+strconv.Itoa(i), bin, sec.adminAccess(), c.logger)
@@ -247,16 +233,28 @@ func (e redisClusterEntry) shape() string {
 	return e.role() + " of " + e.master + " slots " + strings.Join(e.slots, ",")
 }
 
+// slotRanges yields the first and last slot of each of e.slots ("5" or
+// "0-5460").
+func (e redisClusterEntry) slotRanges() iter.Seq2[int, int] {
+	return func(yield func(int, int) bool) {
+		for _, s := range e.slots {
+			lo, hi, isRange := strings.Cut(s, "-")
+			a, _ := strconv.Atoi(lo)
+			b := a
+			if isRange {
+				b, _ = strconv.Atoi(hi)
+			}
+			if !yield(a, b) {
+				return
+			}
+		}
+	}
+}
+
 // slotCount returns the number of slots in e.slots.
 func (e redisClusterEntry) slotCount() int {
 	n := 0
-	for _, s := range e.slots {
-		lo, hi, isRange := strings.Cut(s, "-")
-		a, _ := strconv.Atoi(lo)
-		b := a
-		if isRange {
-			b, _ = strconv.Atoi(hi)
-		}
+	for a, b := range e.slotRanges() {
 		n += b - a + 1
 	}
 	return n
@@ -264,13 +262,7 @@ func (e redisClusterEntry) slotCount() int {
 
 // ownsSlot reports whether e.slots contains slot.
 func (e redisClusterEntry) ownsSlot(slot int) bool {
-	for _, s := range e.slots {
-		lo, hi, isRange := strings.Cut(s, "-")
-		a, _ := strconv.Atoi(lo)
-		b := a
-		if isRange {
-			b, _ = strconv.Atoi(hi)
-		}
+	for a, b := range e.slotRanges() {
 		if slot >= a && slot <= b {
 			return true
 		}

@@ -614,6 +614,35 @@ func startRedisNodes(ctx context.Context, nodes []*RedisNode) error {
 	return errors.Join(errs...)
 }
 
+// prepareRedis is what a start of TLS, cluster or sentinel servers needs
+// first: the redis-server binary, the nodes' security (newRedisSecurity's
+// arguments) and a fresh directory named from prefix for them.
+func prepareRedis(prefix string, files *TLSFiles, requireCert bool, users []RedisUser, password string, disableDefault bool) (bin string, sec *redisSecurity, root string, err error) {
+	if bin, err = findRedisBin(); err != nil {
+		return "", nil, "", err
+	}
+	if sec, err = newRedisSecurity(files, requireCert, users, password, disableDefault); err != nil {
+		return "", nil, "", err
+	}
+	if root, err = makeTempDir(prefix); err != nil {
+		return "", nil, "", err
+	}
+	return bin, sec, root, nil
+}
+
+// closeFailedStart, deferred by a start of several nodes, kills the nodes
+// and removes root when the start failed (*err is not nil), and adds the
+// tails of the nodes' logs to *err.
+func closeFailedStart(err *error, nodes func() []*RedisNode, root string) {
+	if *err == nil {
+		return
+	}
+	if tails := redisLogTails(nodes(), 15); tails != "" {
+		*err = fmt.Errorf("%w\n%s", *err, tails)
+	}
+	_ = closeRedisNodes(nodes(), root)
+}
+
 // closeRedisNodes kills every node and removes root.
 func closeRedisNodes(nodes []*RedisNode, root string) error {
 	var wg sync.WaitGroup

@@ -132,15 +132,7 @@ func StartRedisSentinel(ctx context.Context, opt RedisSentinelOptions) (_ *Redis
 	case strings.ContainsAny(opt.MasterName, " \t\r\n\"'/"):
 		return nil, fmt.Errorf("start redis sentinel: invalid master name %q", opt.MasterName)
 	}
-	bin, err := findRedisBin()
-	if err != nil {
-		return nil, fmt.Errorf("start redis sentinel: %w", err)
-	}
-	sec, err := newRedisSecurity(opt.TLS, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
-	if err != nil {
-		return nil, fmt.Errorf("start redis sentinel: %w", err)
-	}
-	root, err := makeTempDir("walcount-redis-sentinel-")
+	bin, sec, root, err := prepareRedis("walcount-redis-sentinel-", opt.TLS, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
 	if err != nil {
 		return nil, fmt.Errorf("start redis sentinel: %w", err)
 	}
@@ -148,14 +140,7 @@ func StartRedisSentinel(ctx context.Context, opt RedisSentinelOptions) (_ *Redis
 	if s.logger == nil {
 		s.logger = zap.NewNop()
 	}
-	defer func() {
-		if err != nil {
-			if tails := redisLogTails(s.all(), 15); tails != "" {
-				err = fmt.Errorf("%w\n%s", err, tails)
-			}
-			_ = closeRedisNodes(s.all(), root)
-		}
-	}()
+	defer closeFailedStart(&err, s.all, root)
 	for i := range 1 + opt.Replicas {
 		n, err := newRedisNode(root, "redis"+strconv.Itoa(i), bin, sec.adminAccess(), s.logger)
 		if err != nil {

@@ -60,16 +60,8 @@ func StartRedisTLS(ctx context.Context, opt RedisTLSOptions) (_ *RedisTLS, err e
 	if opt.TLS.CAFile == "" || opt.TLS.ServerCert == "" || opt.TLS.ServerKey == "" {
 		return nil, errors.New("start redis tls: RedisTLSOptions.TLS needs a CA, a server certificate and its key (see MakeTLSFiles)")
 	}
-	bin, err := findRedisBin()
-	if err != nil {
-		return nil, fmt.Errorf("start redis tls: %w", err)
-	}
 	files := opt.TLS
-	sec, err := newRedisSecurity(&files, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
-	if err != nil {
-		return nil, fmt.Errorf("start redis tls: %w", err)
-	}
-	root, err := makeTempDir("walcount-redis-tls-")
+	bin, sec, root, err := prepareRedis("walcount-redis-tls-", &files, opt.RequireClientCert, opt.Users, opt.Password, opt.DisableDefaultUser)
 	if err != nil {
 		return nil, fmt.Errorf("start redis tls: %w", err)
 	}

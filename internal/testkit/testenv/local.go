@@ -50,15 +50,24 @@ func Postgres(tb testing.TB, opts ...servers.PostgresOptions) *servers.Postgres 
 	if err != nil {
 		tb.Fatalf("testenv: start postgres: %v%s", err, postgresHint(err))
 	}
+	closeAtEnd(tb, "postgres", p)
+	return p
+}
+
+// closeAtEnd closes the server s, named name in what it prints, when the
+// test ends, after printing the tail of its log if the test failed.
+func closeAtEnd(tb testing.TB, name string, s interface {
+	LogTail(n int) string
+	Close() error
+}) {
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("postgres log (last %d lines):\n%s", logLinesOnFailure, p.LogTail(logLinesOnFailure))
+			tb.Logf("%s log (last %d lines):\n%s", name, logLinesOnFailure, s.LogTail(logLinesOnFailure))
 		}
-		if err := p.Close(); err != nil {
-			tb.Errorf("testenv: close postgres: %v", err)
+		if err := s.Close(); err != nil {
+			tb.Errorf("testenv: close %s: %v", name, err)
 		}
 	})
-	return p
 }
 
 // Redis starts a private redis-server that the test may kill and restart,
@@ -71,13 +80,6 @@ func Redis(tb testing.TB) *servers.Redis {
 	if err != nil {
 		tb.Fatalf("testenv: start redis: %v\n(to run walcount's tests, %s)", err, installHint)
 	}
-	tb.Cleanup(func() {
-		if tb.Failed() {
-			tb.Logf("redis log (last %d lines):\n%s", logLinesOnFailure, r.LogTail(logLinesOnFailure))
-		}
-		if err := r.Close(); err != nil {
-			tb.Errorf("testenv: close redis: %v", err)
-		}
-	})
+	closeAtEnd(tb, "redis", r)
 	return r
 }

@@ -102,13 +102,6 @@ func RedisTLS(tb testing.TB, users ...servers.RedisUser) *servers.RedisTLS {
 	if err != nil {
 		tb.Fatalf("testenv: %v\n(%s)", err, redisTopologyHint)
 	}
-	tb.Cleanup(func() {
-		if tb.Failed() {
-			tb.Logf("redis log (last %d lines):\n%s", logLinesOnFailure, r.LogTail(logLinesOnFailure))
-		}
-		if err := r.Close(); err != nil {
-			tb.Errorf("testenv: close redis: %v", err)
-		}
-	})
+	closeAtEnd(tb, "redis", r)
 	return r
 }
