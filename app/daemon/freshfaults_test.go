@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -316,8 +317,11 @@ FROM likes WHERE post_id = $1`, post).Scan(&lsn, &count, &sum)
 	if err != nil {
 		return c.pause(ctx)
 	}
+	// Every other write, the count is read with the other checkers'
+	// posts, all at one LSN (?keys=).
+	many := rng.IntN(2) == 0
 	for _, want := range []struct{ counter, value string }{{"post_likes", count}, {"post_score", sum}} {
-		if err := c.readExact(ctx, want.counter, post, lsn, want.value); err != nil {
+		if err := c.readExact(ctx, want.counter, post, lsn, want.value, many && want.counter == "post_likes"); err != nil {
 			return err
 		}
 	}
@@ -335,15 +339,27 @@ FROM likes WHERE post_id = $1`, post).Scan(&lsn, &count, &sum)
 }
 
 // readExact reads counter's post with min_lsn lsn until it answers, and
-// fails unless the answer not marked dirty is want at an LSN past lsn.
-func (c *freshChecker) readExact(ctx context.Context, counter string, post int64, lsn, want string) error {
+// fails unless the answer not marked dirty is want at an LSN past lsn;
+// with many, it reads the checkers' four posts in one request.
+func (c *freshChecker) readExact(ctx context.Context, counter string, post int64, lsn, want string, many bool) error {
 	url := fmt.Sprintf("/v1/counters/%s/%d?min_lsn=%s&timeout=5s", counter, post, lsn)
+	key := fmt.Sprint(post)
+	if many {
+		url = fmt.Sprintf("/v1/counters/%s?keys=101,102,103,104&min_lsn=%s&timeout=5s", counter, lsn)
+	}
 	deadline := time.Now().Add(3 * time.Minute)
 	for ctx.Err() == nil {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: no exact answer within 3 minutes", url)
 		}
 		code, a, err := c.get(ctx, url)
+		value, dirty := a.Value, string(a.Dirty) == "true"
+		if many {
+			value = a.Values[key]
+			var keys []string
+			_ = json.Unmarshal(a.Dirty, &keys)
+			dirty = slices.Contains(keys, key)
+		}
 		switch {
 		case err != nil || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout:
 			c.retried.Add(1)
@@ -351,13 +367,13 @@ func (c *freshChecker) readExact(ctx context.Context, counter string, post int64
 			continue
 		case code != http.StatusOK:
 			return fmt.Errorf("%s: status %d: %s", url, code, a.Error)
-		case a.Dirty:
+		case dirty:
 			// Not vouched for while a repair runs: ask again.
 			c.dirty.Add(1)
 			_ = c.pause(ctx)
 			continue
-		case string(a.Value) != want:
-			return fmt.Errorf("%s: value %s (column %s + pending %s at %s), want %s", url, a.Value, a.Column, a.Pending, a.LSN, want)
+		case string(value) != want:
+			return fmt.Errorf("%s: post %d's value %s (column %s + pending %s at %s), want %s", url, post, value, a.Column, a.Pending, a.LSN, want)
 		case lsnBelow(a.LSN, lsn):
 			return fmt.Errorf("%s: answered at lsn %s, below min_lsn", url, a.LSN)
 		}
@@ -382,14 +398,16 @@ func (c *freshChecker) pause(ctx context.Context) error {
 	return nil
 }
 
-// freshAnswer is a GET /v1/counters/{counter}/{key} answer.
+// freshAnswer is a GET /v1/counters/{counter}/{key} answer, or one of
+// /v1/counters/{counter}?keys= (Values, and Dirty a list of keys).
 type freshAnswer struct {
-	Value   json.RawMessage `json:"value"`
-	Column  json.RawMessage `json:"column"`
-	Pending json.RawMessage `json:"pending"`
-	LSN     string          `json:"lsn"`
-	Dirty   bool            `json:"dirty"`
-	Error   string          `json:"error"`
+	Value   json.RawMessage            `json:"value"`
+	Column  json.RawMessage            `json:"column"`
+	Pending json.RawMessage            `json:"pending"`
+	Values  map[string]json.RawMessage `json:"values"`
+	LSN     string                     `json:"lsn"`
+	Dirty   json.RawMessage            `json:"dirty"`
+	Error   string                     `json:"error"`
 }
 
 // get reads path; err is a request that got no answer.
