@@ -73,19 +73,9 @@ func TestFreshReadsExactThroughFaults(t *testing.T) {
 	standby := synchronousStandby(t, e)
 
 	d := e.start()
-	srv := httpapi.New(httpapi.Options{Addr: "127.0.0.1:0", Reconcile: d.d.ReconcileHandler(), Counters: d.d.FreshHandler(),
-		Status: func(ctx context.Context) any { return d.d.Status(ctx) }, Ready: d.d.Ready})
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Close(cctx)
-	})
 	waitRun(t, d, 0) // the first start's backfill
 
-	ck := &freshChecker{db: e.db, base: "http://" + srv.Addr()}
+	ck := &freshChecker{db: e.db, base: serveFresh(t, d)}
 	cctx, stopCheckers := context.WithCancel(ctx)
 	var checkers sync.WaitGroup
 	for i := range 4 {
@@ -134,6 +124,23 @@ func TestFreshReadsExactThroughFaults(t *testing.T) {
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// serveFresh serves d's fresh reads and reconciliations as `walcount run`
+// does, on 127.0.0.1:0, until the test ends, and returns its base URL.
+func serveFresh(t *testing.T, d *running) string {
+	t.Helper()
+	srv := httpapi.New(httpapi.Options{Addr: "127.0.0.1:0", Reconcile: d.d.ReconcileHandler(), Counters: d.d.FreshHandler(),
+		Status: func(ctx context.Context) any { return d.d.Status(ctx) }, Ready: d.d.Ready})
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	return "http://" + srv.Addr()
 }
 
 // synchronousStandby starts a streaming standby of e's primary, makes it
