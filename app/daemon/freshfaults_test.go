@@ -214,7 +214,9 @@ func redisFailoverBehind(t *testing.T, e *env, s *servers.RedisSentinel, ck *fre
 	if err := nodeClient(t, master, s.Admin()).ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
 		t.Fatal(err)
 	}
-	ck.waitChecked(t, 20, "from the master its replica no longer follows")
+	// Not long: the sentinels promote no replica whose link has been down
+	// for ten times down-after-milliseconds.
+	ck.waitChecked(t, 10, "from the master its replica no longer follows")
 	// W passes what the master holds, so that the replica's copy of the
 	// chain cannot continue it: walcount must find the loss.
 	meta := buffer.KeysFor(e.cfg.Slot).Meta
