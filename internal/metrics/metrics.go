@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"net/http"
+	"regexp"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -294,7 +295,11 @@ func New() *Metrics {
 		LabelVersion, LabelRevision, LabelModified, LabelGoVersion)
 
 	m.reg.MustRegister(
-		collectors.NewGoCollector(),
+		// The Go collector's defaults, and the heap live after the last
+		// collection (go_gc_heap_live_bytes): what a leak grows, without
+		// the garbage not yet collected that heap_inuse counts too.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.SlotLagBytes, m.SlotRetainedWALBytes, m.SlotSafeWALSizeBytes, m.SlotActive, m.SlotWALStatus, m.SlotInvalidated,
 		m.SlotSpillBytes, m.SlotSpillTxns, m.SlotStreamBytes, m.SlotStreamTxns, m.SlotReadErrors,

@@ -55,6 +55,7 @@ var extraNames = []string{
 	"walcount_standby_wait_seconds",
 	"walcount_build_info",
 	"go_goroutines",
+	"go_gc_heap_live_bytes",
 	"process_cpu_seconds_total",
 }
 
