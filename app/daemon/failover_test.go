@@ -24,7 +24,8 @@ import (
 // PostgreSQL 17 on its slot was synchronised to the standby (a failover
 // slot, synchronized_standby_slots naming the standby) and every post is
 // exact with no repair at all; before 17 the slot is gone there, and with
-// on_slot_loss: recreate walcount recreates it and reconciles.
+// on_slot_loss: recreate walcount recreates it and reconciles every
+// counter while the app writes on.
 func TestPrimaryFailover(t *testing.T) { testFailover(t, false) }
 
 // TestFailoverToLaggingStandby is TestPrimaryFailover with a standby whose
@@ -124,6 +125,11 @@ func testFailover(t *testing.T, lagging bool) {
 	})
 	streaming := time.Since(killed)
 	w.waitCommitted(t, 50) // writes to the new primary while walcount follows it
+	if !failoverSlots {
+		// The repair of every counter runs while the app writes on, as
+		// it does after a real failover (issue 37 §3 met its drift so).
+		e.waitClean(t, 2*time.Minute)
+	}
 	stopLoad()
 	w.report(t)
 	e.waitCaughtUp(2 * time.Minute)
@@ -140,8 +146,6 @@ func testFailover(t *testing.T, lagging bool) {
 		if repairs != 0 || len(marks) != 0 {
 			t.Errorf("a failover slot needed a repair: %d dirty runs, marks %+v", repairs, marks)
 		}
-	} else {
-		e.waitClean(t, 2*time.Minute)
 	}
 	t.Logf("PostgreSQL %d, lagging standby %v: promoted %s after the kill, streaming after %s, caught up after %s, exact after %s",
 		e.pg.Major(), lagging, promoted.Round(time.Millisecond), streaming.Round(time.Millisecond),
