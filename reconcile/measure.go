@@ -14,6 +14,7 @@ import (
 
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/state"
 )
 
@@ -85,7 +86,7 @@ func (r *Reconciler) measureRetrying(ctx context.Context, sql *counter.Resolved,
 	for attempt := 1; attempt <= DefaultMaxAttempts; attempt++ {
 		var res roundResult
 		res, err = r.measure(ctx, sql, rq)
-		if err == nil || ctx.Err() != nil || errors.Is(err, counter.ErrPartialView) {
+		if err == nil || ctx.Err() != nil || errors.Is(err, counter.ErrPartialView) || errors.Is(err, failpoint.ErrCrash) {
 			return res, err
 		}
 		if errors.Is(err, errTooManyChanges) && rq.survey != nil && rq.limit > 1 {
@@ -148,6 +149,9 @@ func (r *Reconciler) measure(ctx context.Context, sql *counter.Resolved, rq *rou
 		return roundResult{}, m.err
 	}
 	lap(3)
+	if err := r.opt.Failpoints.Inject(failpoint.AfterMeasure); err != nil {
+		return roundResult{}, err
+	}
 	res.pending, res.moved, res.ws, res.recompute = m.pending, m.moved, ws, sql.Extremum
 	r.log.Debug("measured", zap.String("counter", m.counter), zap.Int64("range_keys", res.surveyed.n),
 		zap.Int("range_off", len(res.surveyed.off)), zap.Int("keys", len(rq.keys)), zap.Int("pending", len(res.pending)),

@@ -13,7 +13,8 @@ import (
 )
 
 // maxRemeasures bounds how often a key whose target row keeps being
-// deleted or re-keyed during its measurements is measured afresh.
+// deleted or re-keyed during its measurements is measured afresh, and how
+// often a key whose measurements disagree is measured again.
 const maxRemeasures = 3
 
 // passIO is what a pass does outside itself: measure through the stream,
@@ -45,7 +46,10 @@ type suspect struct {
 	fresh bool
 	// origin is the batch the key belongs to.
 	origin *batch
-	tries  int
+	// tries counts the measurements afresh of a key whose deltas a
+	// target lifecycle event moved, disagreed the measurements that
+	// disagreed with the one before; each is bounded by maxRemeasures.
+	tries, disagreed int
 }
 
 // batch is one range of keys of a pass (a survey's range, or a slice of a
@@ -79,7 +83,9 @@ type confirmedDrift struct {
 //   - a run limited to some keys (dirty marks) reads them one by one;
 //   - suspects are read one by one, in the same snapshot, and a key is
 //     corrected only when this second, independent measurement finds the
-//     same correction as the first.
+//     same correction as the first; when the two disagree, one of them
+//     was off for a moment and the key is measured again, until two
+//     measurements in a row agree (at most maxRemeasures more times).
 //
 // Corrections are emitted after the round, in messages of their own, and
 // counted once W passed them: the next round's wait for W covers them. Keys that are not off cost nothing beyond
@@ -208,6 +214,14 @@ func (p *pass) evaluate(rq *roundRequest, res *roundResult, fresh []string, b *b
 			next[k] = &suspect{prev: corr, origin: origin}
 		}
 	}
+	disagree := func(k string, corr int64, s *suspect) {
+		if s.disagreed >= maxRemeasures {
+			p.log.Warn("key not corrected: its measurements kept disagreeing (is something other than walcount writing its column?)",
+				zap.String("counter", p.counter), zap.String("key", k), zap.Int64("correction", corr), zap.Int64("previous", s.prev))
+			return
+		}
+		next[k] = &suspect{prev: corr, origin: s.origin, tries: s.tries, disagreed: s.disagreed + 1}
+	}
 
 	// The suspects of the rounds before, measured again.
 	for k, s := range p.suspects {
@@ -221,9 +235,21 @@ func (p *pass) evaluate(rq *roundRequest, res *roundResult, fresh []string, b *b
 			// No target row any more: nothing to correct.
 		case s.fresh:
 			first(k, corr, s.origin)
-		case corr != 0 && corr == s.prev:
-			confirmed = append(confirmed, confirmedDrift{origin: s.origin,
-				KeyDrift: KeyDrift{Counter: p.counter, Key: k, Cached: cached, True: res.truth[k], Correction: corr}})
+		case corr == s.prev:
+			// Two measurements agree: the drift, or none (a zero after
+			// a disagreement).
+			if corr != 0 {
+				confirmed = append(confirmed, confirmedDrift{origin: s.origin,
+					KeyDrift: KeyDrift{Counter: p.counter, Key: k, Cached: cached, True: res.truth[k], Correction: corr}})
+			}
+		default:
+			// The two disagree: one was off for a moment, as when the
+			// stream applied a source transaction to the column before
+			// the snapshot saw it committed (its commit record is in the
+			// WAL before it leaves the running transactions). Dropping
+			// the key would leave its real drift for good; it is
+			// measured again until two measurements agree.
+			disagree(k, corr, s)
 		}
 	}
 	if b == nil {

@@ -270,8 +270,9 @@ func TestPassSavesOnlySettledBatches(t *testing.T) {
 	}
 }
 
-// TestPassDisagreementIsNotCorrected: a key whose second measurement
-// differs from the first is not corrected.
+// TestPassDisagreementIsNotCorrected: a key whose measurements never
+// agree (its column written outside walcount) is not corrected, and is
+// measured again a bounded number of times.
 func TestPassDisagreementIsNotCorrected(t *testing.T) {
 	m := newModel(t, keysFrom(1, 20, 1))
 	m.drift(4, 2)
@@ -283,6 +284,15 @@ func TestPassDisagreementIsNotCorrected(t *testing.T) {
 	}
 	if len(m.corrected) != 0 || run.Drifted != 0 {
 		t.Fatalf("corrected %v (drifted %d) although the measurements disagree", m.corrected, run.Drifted)
+	}
+	again := 0
+	for _, rq := range m.rounds {
+		if slices.Contains(rq.keys, "4") {
+			again++
+		}
+	}
+	if again != 1+maxRemeasures {
+		t.Errorf("key 4 measured again %d times, want %d: once after the survey, then %d times as its measurements disagreed", again, 1+maxRemeasures, maxRemeasures)
 	}
 }
 
@@ -396,4 +406,77 @@ func TestPassOverSomeKeys(t *testing.T) {
 			t.Errorf("a run of some keys surveyed a range")
 		}
 	}
+}
+
+// TestPassMeasuresAgainWhenTheMeasurementsDisagree: a key with real drift
+// whose first or second measurement is off for a moment (a source
+// transaction the stream applied to the column before the snapshot saw it
+// committed: its commit record is in the WAL before the transaction leaves
+// the server's list of running ones, longer under load or a synchronous
+// standby's wait) is measured again until two measurements agree, and
+// corrected by its real drift. Before, the disagreement dropped the key:
+// the run ended done with the key off by its whole drift (issue 37 §3,
+// TestPrimaryFailover on PostgreSQL 14 after the slot-recreate repair).
+func TestPassMeasuresAgainWhenTheMeasurementsDisagree(t *testing.T) {
+	for _, late := range []int{1, 2} {
+		for _, whole := range []bool{true, false} {
+			t.Run(fmt.Sprintf("measurement %d, whole counter %v", late, whole), func(t *testing.T) {
+				m := newModel(t, keysFrom(1, 20, 1))
+				m.truth[4], m.column[4] = 30, 30
+				m.drift(4, 7)
+				io := &lateCommit{model: m, key: 4, delta: 2, at: late}
+				run := &RunInfo{}
+				p := &pass{io: io, log: zap.NewNop(), counter: "c", size: 100, pacer: NewPacer(0, nil), run: run}
+				if whole {
+					p.sv = &survey{intKeys: true}
+				} else {
+					p.keys = []string{"3", "4", "5"}
+					run.Keys = p.keys
+				}
+				if err := p.execute(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if want := map[int64]int64{4: 7}; !maps.Equal(m.corrected, want) {
+					t.Errorf("corrected %v, want %v", m.corrected, want)
+				}
+				if off := m.off(4); off != 0 {
+					t.Errorf("key 4 left off by %d after a run that ended", off)
+				}
+				if run.Drifted != 1 || run.Corrected != 1 {
+					t.Errorf("drifted %d, corrected %d; want 1 and 1", run.Drifted, run.Corrected)
+				}
+			})
+		}
+	}
+}
+
+// lateCommit is a model whose at-th measurement (1-based) reads key's
+// truth without delta of a transaction the column already holds: one the
+// stream applied before the snapshot saw it committed.
+type lateCommit struct {
+	*model
+	key   int64
+	delta int64
+	at    int
+	n     int
+}
+
+func (l *lateCommit) measure(ctx context.Context, rq *roundRequest) (roundResult, error) {
+	res, err := l.model.measure(ctx, rq)
+	l.n++
+	if err != nil || l.n != l.at {
+		return res, err
+	}
+	k := strconv.FormatInt(l.key, 10)
+	if v, ok := res.truth[k]; ok {
+		res.truth[k] = v - l.delta
+	}
+	if rq.survey != nil {
+		truth, column := l.truth[l.key]-l.delta, l.column[l.key]
+		delete(res.surveyed.off, k)
+		if truth != column {
+			res.surveyed.off[k] = surveyedKey{column: column, truth: truth}
+		}
+	}
+	return res, nil
 }

@@ -12,7 +12,8 @@ import (
 	"github.com/walcount/walcount/internal/operator"
 )
 
-// Names of the failpoints, one per crash point of docs/design.md §4.
+// Names of the failpoints: one per crash point of docs/design.md §4, and
+// AfterMeasure, where a test changes the database between measurements.
 const (
 	// AfterApply fires after a batch was applied to Redis, before any ack.
 	AfterApply = "aggregator.after-apply"
@@ -34,6 +35,10 @@ const (
 	// AfterCorrection fires after a reconciliation emitted its
 	// corrections into the WAL, before any flush applied them.
 	AfterCorrection = "reconcile.after-correction"
+	// AfterMeasure fires after a reconciliation's measurement read its
+	// snapshot and its marker M1 arrived, before the pass weighs it: a
+	// test changes the database between two measurements there.
+	AfterMeasure = "reconcile.after-measure"
 	// ViaCollect fires after a collection of via rows deleted a batch of
 	// them, before its commit.
 	ViaCollect = "daemon.via-collect"
