@@ -81,6 +81,27 @@ type cluster struct {
 // newCluster starts a fresh cluster with posts 0..posts (post 0 is the
 // freshness probe's).
 func newCluster(ctx context.Context, posts int) (*cluster, error) {
+	c, err := newBareCluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.db.Exec(ctx, schemaSQL); err != nil {
+		c.close()
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	if _, err := c.db.Exec(ctx, `INSERT INTO posts (id) SELECT g FROM generate_series(0, $1::bigint) g`, posts); err != nil {
+		c.close()
+		return nil, fmt.Errorf("create posts: %w", err)
+	}
+	if _, err := c.db.Exec(ctx, `VACUUM ANALYZE posts`); err != nil {
+		c.close()
+		return nil, fmt.Errorf("vacuum posts: %w", err)
+	}
+	return c, nil
+}
+
+// newBareCluster starts a fresh cluster with no tables of the app.
+func newBareCluster(ctx context.Context) (*cluster, error) {
 	pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{Settings: benchSettings})
 	if err != nil {
 		return nil, err
@@ -99,18 +120,6 @@ func newCluster(ctx context.Context, posts int) (*cluster, error) {
 	if c.db, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		c.close()
 		return nil, err
-	}
-	if _, err := c.db.Exec(ctx, schemaSQL); err != nil {
-		c.close()
-		return nil, fmt.Errorf("create schema: %w", err)
-	}
-	if _, err := c.db.Exec(ctx, `INSERT INTO posts (id) SELECT g FROM generate_series(0, $1::bigint) g`, posts); err != nil {
-		c.close()
-		return nil, fmt.Errorf("create posts: %w", err)
-	}
-	if _, err := c.db.Exec(ctx, `VACUUM ANALYZE posts`); err != nil {
-		c.close()
-		return nil, fmt.Errorf("vacuum posts: %w", err)
 	}
 	return c, nil
 }
