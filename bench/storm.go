@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -69,6 +70,7 @@ CREATE TABLE comments (id bigserial PRIMARY KEY, post_id bigint NOT NULL, creato
   deleted boolean NOT NULL DEFAULT false, created_at timestamptz NOT NULL DEFAULT now());
 CREATE TABLE post_votes (id bigserial PRIMARY KEY, post_id bigint NOT NULL, user_id bigint NOT NULL, score int NOT NULL);
 CREATE INDEX ON posts (creator_id);
+CREATE INDEX ON comments (post_id);
 CREATE INDEX ON comments (post_id, created_at) WHERE NOT deleted;
 CREATE INDEX ON comments (creator_id);
 CREATE INDEX ON post_votes (post_id);
@@ -178,8 +180,7 @@ type stormRound struct {
 	lagP50, lagP99, lagMax float64       // walcount_apply_lag_seconds, the round's transactions
 	probes                 []time.Duration
 	flushes, pieces        float64
-	staged, stagedKeys     int64 // "staged a big batch" log lines and their keys
-	slow                   int64 // "a flush took longer than flush_lock_time"
+	log                    logCounts // what walcount's log said of the round's flushes
 	cpu                    time.Duration
 }
 
@@ -191,7 +192,7 @@ type stormResult struct {
 	backfill               time.Duration // walcount run → every backfill run done
 	backfillKeys, backfix  int64         // keys checked, keys corrected
 	backfillCPU            time.Duration
-	backfillStaged         int64
+	backfillLog            logCounts
 	lightTxns              int64
 	rounds                 []stormRound
 	exact                  bool
@@ -240,9 +241,9 @@ func runStorm(ctx context.Context, b *bench) (*stormResult, error) {
 			return res, err
 		}
 		res.rounds = append(res.rounds, r)
-		b.logf("  round %d: %d txns in %s (%.0f/s), caught up %s after; apply lag p50 %.2fs p99 %.2fs max %.2fs; probe p99 %s; %.0f flushes, %.0f pieces, %d staged (%d keys), %d slow; walcount CPU %s",
+		b.logf("  round %d: %d txns in %s (%.0f/s), caught up %s after; apply lag p50 %.2fs p99 %.2fs max %.2fs; probe p99 %s; %.0f flushes, %.0f pieces, %d staged (%d keys, pace median / max %s), %d slow; walcount CPU %s",
 			i+1, r.txns, r.window.Round(time.Millisecond), float64(r.txns)/r.window.Seconds(), r.catchUp.Round(time.Millisecond),
-			r.lagP50, r.lagP99, r.lagMax, probeQ(r.probes, 0.99), r.flushes, r.pieces, r.staged, r.stagedKeys, r.slow, r.cpu)
+			r.lagP50, r.lagP99, r.lagMax, probeQ(r.probes, 0.99), r.flushes, r.pieces, r.log.staged, r.log.keys, r.log.pace(), r.log.slow, r.cpu)
 	}
 	if err := c.settled(ctx, stormSettle); err != nil {
 		return res, err
@@ -373,9 +374,12 @@ func stormCutover(ctx context.Context, b *bench, c *cluster, path string, res *s
 		_ = wc.stop()
 		return nil, err
 	}
-	res.backfillStaged, _, _, _ = logCounts(wc.logPath, 0)
-	b.logf("  backfill under %.0f txns/s: %d keys checked, %d corrected, in %s; walcount CPU %s; %d batches staged",
-		res.size.rate/stormLightShare, res.backfillKeys, res.backfix, res.backfill.Round(time.Millisecond), res.backfillCPU, res.backfillStaged)
+	if res.backfillLog, err = readLog(wc.logPath, 0); err != nil {
+		_ = wc.stop()
+		return nil, err
+	}
+	b.logf("  backfill under %.0f txns/s: %d keys checked, %d corrected, in %s; walcount CPU %s; %d batches staged (pace median / max %s)",
+		res.size.rate/stormLightShare, res.backfillKeys, res.backfix, res.backfill.Round(time.Millisecond), res.backfillCPU, res.backfillLog.staged, res.backfillLog.pace())
 	return wc, nil
 }
 
@@ -432,7 +436,9 @@ func stormOnce(ctx context.Context, b *bench, c *cluster, wc *walcountProc, s st
 	r.pieces = metricValue(fams, "walcount_flush_pieces_total") - pieces0
 	r.probes = pr.lags()
 	r.cpu = u1.cpu - u0.cpu
-	r.staged, r.stagedKeys, r.slow, _ = logCounts(wc.logPath, logFrom)
+	if r.log, err = readLog(wc.logPath, logFrom); err != nil {
+		return r, err
+	}
 	return r, wc.alive()
 }
 
@@ -452,17 +458,25 @@ func logSize(path string) int64 {
 	return fi.Size()
 }
 
-// logCounts reads walcount's JSON log from offset: the batches staged in
-// walcount.carried and their keys, and the flushes that took longer than
-// flush_lock_time.
-func logCounts(path string, from int64) (staged, keys, slow int64, err error) {
+// logCounts is what walcount's log says of the flushes: the batches
+// staged in walcount.carried, their keys and the pace the flush knew when
+// it staged them (per_key_seconds, sorted; none from a walcount that does
+// not log it), and the flushes that took longer than flush_lock_time.
+type logCounts struct {
+	staged, keys, slow int64
+	perKey             []time.Duration
+}
+
+// readLog reads walcount's JSON log from offset.
+func readLog(path string, from int64) (logCounts, error) {
+	var lc logCounts
 	f, err := os.Open(path)
 	if err != nil {
-		return 0, 0, 0, err
+		return lc, err
 	}
 	defer f.Close()
 	if _, err := f.Seek(from, 0); err != nil {
-		return 0, 0, 0, err
+		return lc, err
 	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -470,18 +484,31 @@ func logCounts(path string, from int64) (staged, keys, slow int64, err error) {
 		line := sc.Bytes()
 		switch {
 		case bytes.Contains(line, []byte("staged a big batch")):
-			staged++
+			lc.staged++
 			var l struct {
-				Keys int64 `json:"keys"`
+				Keys   int64    `json:"keys"`
+				PerKey *float64 `json:"per_key_seconds"`
 			}
 			if json.Unmarshal(line, &l) == nil {
-				keys += l.Keys
+				lc.keys += l.Keys
+				if l.PerKey != nil {
+					lc.perKey = append(lc.perKey, time.Duration(*l.PerKey*float64(time.Second)))
+				}
 			}
 		case bytes.Contains(line, []byte("took longer than flush_lock_time")):
-			slow++
+			lc.slow++
 		}
 	}
-	return staged, keys, slow, sc.Err()
+	slices.Sort(lc.perKey)
+	return lc, sc.Err()
+}
+
+// pace prints the median and the largest pace of the staged batches.
+func (lc logCounts) pace() string {
+	if len(lc.perKey) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%s / %s", lc.perKey[len(lc.perKey)/2].Round(time.Microsecond), lc.perKey[len(lc.perKey)-1].Round(time.Microsecond))
 }
 
 // stormLoad is the app's writes: clients paced to a rate in all, each
@@ -637,17 +664,18 @@ func stormSection(x *stormResult) string {
 		"until its backfill is done. Then %d storms of %s, %d clients paced to %.0f txns/s in all (60%% votes, 10%% vote removals, 25%% comments, 5%% comment soft deletes, "+
 		"Zipf over the posts), the first right after the backfill; after each the load stops until walcount has applied it all (catch-up). "+
 		"Apply lag is walcount_apply_lag_seconds over the round's transactions; the probe times a vote on post 0 from commit until `posts.votes` shows it; "+
-		"staged batches are the flushes that copied their batch to walcount.carried and applied it in pieces (walcount's log).\n\n",
+		"staged batches are the flushes that copied their batch to walcount.carried and applied it in pieces, with the flush's pace (its time per key) when it staged them, "+
+		"and slow flushes those that took longer than flush_lock_time, rolled back and went to pieces (walcount's log).\n\n",
 		thousands(float64(s.posts)), thousands(float64(s.users)), thousands(float64(x.rows)),
 		stormClients, s.rate/stormLightShare, stormRounds, s.round, stormClients, s.rate)
-	fmt.Fprintf(&b, "Backfill: %s keys checked, %s corrected, in %s under the light load (%s transactions); walcount CPU %s; %d batches staged.\n\n",
-		thousands(float64(x.backfillKeys)), thousands(float64(x.backfix)), dur(x.backfill), thousands(float64(x.lightTxns)), dur(x.backfillCPU), x.backfillStaged)
-	fmt.Fprintf(&b, "| round | txns/s | apply lag p50 | p99 | max (bucket) | probe p50 | probe p99 | catch-up | flushes | pieces | staged (keys) | walcount CPU |\n"+
-		"|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(&b, "Backfill: %s keys checked, %s corrected, in %s under the light load (%s transactions); walcount CPU %s; %d batches staged (the pace when staged, median / max: %s).\n\n",
+		thousands(float64(x.backfillKeys)), thousands(float64(x.backfix)), dur(x.backfill), thousands(float64(x.lightTxns)), dur(x.backfillCPU), x.backfillLog.staged, x.backfillLog.pace())
+	fmt.Fprintf(&b, "| round | txns/s | apply lag p50 | p99 | max (bucket) | probe p50 | probe p99 | catch-up | flushes | pieces | staged (keys) | pace when staged, median / max | slow flushes | walcount CPU |\n"+
+		"|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for i, r := range x.rounds {
-		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %d (%s) | %s |\n", i+1, float64(r.txns)/r.window.Seconds(),
+		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %d (%s) | %s | %d | %s |\n", i+1, float64(r.txns)/r.window.Seconds(),
 			seconds(r.lagP50), seconds(r.lagP99), boundSeconds(r.lagMax), dur(probeQ(r.probes, 0.5)), dur(probeQ(r.probes, 0.99)), dur(r.catchUp),
-			r.flushes, r.pieces, r.staged, thousands(float64(r.stagedKeys)), dur(r.cpu))
+			r.flushes, r.pieces, r.log.staged, thousands(float64(r.log.keys)), r.log.pace(), r.log.slow, dur(r.cpu))
 	}
 	exact := "no"
 	if x.exact {
