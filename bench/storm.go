@@ -581,46 +581,29 @@ func runStormLoad(ctx context.Context, url string, clients int, rate float64, s 
 		return loadResult{err: err}
 	}
 	defer closeAll()
-	start := time.Now()
-	interval := time.Duration(float64(time.Second) * float64(clients) / rate)
 	results := make([]loadResult, clients)
-	var wg sync.WaitGroup
-	for i, conn := range conns {
-		wg.Go(func() {
-			cl := &stormClient{conn: conn, s: s, rng: rand.New(rand.NewPCG(seed, uint64(i)))}
-			cl.zipf = rand.NewZipf(cl.rng, zipfS, 1, uint64(s.posts-1))
-			next := start.Add(time.Duration(float64(time.Second) * float64(i) / rate))
-			for {
-				if d := time.Until(next); d > 0 {
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(d):
-					}
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				err := cl.one(context.WithoutCancel(ctx))
-				var pe *pgconn.PgError
-				switch {
-				case err == nil:
-					results[i].txns++
-				case errors.As(err, &pe) && pe.Code == "40P01":
-					// Only the app's triggers deadlock (two users' rows
-					// in either order): the transaction is lost, as an
-					// app's would be, and the columns stay exact.
-					results[i].deadlocked++
-				default:
-					results[i].errors++
-					results[i].err = fmt.Errorf("storm client: %w", err)
-					return
-				}
-				next = next.Add(interval)
+	paced(ctx, clients, rate, func(i int) func() bool {
+		cl := &stormClient{conn: conns[i], s: s, rng: rand.New(rand.NewPCG(seed, uint64(i)))}
+		cl.zipf = rand.NewZipf(cl.rng, zipfS, 1, uint64(s.posts-1))
+		return func() bool {
+			err := cl.one(context.WithoutCancel(ctx))
+			var pe *pgconn.PgError
+			switch {
+			case err == nil:
+				results[i].txns++
+			case errors.As(err, &pe) && pe.Code == "40P01":
+				// Only the app's triggers deadlock (two users' rows
+				// in either order): the transaction is lost, as an
+				// app's would be, and the columns stay exact.
+				results[i].deadlocked++
+			default:
+				results[i].errors++
+				results[i].err = fmt.Errorf("storm client: %w", err)
+				return false
 			}
-		})
-	}
-	wg.Wait()
+			return true
+		}
+	})
 	var out loadResult
 	for _, r := range results {
 		out.txns += r.txns
