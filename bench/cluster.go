@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -165,6 +166,28 @@ func (c *cluster) setup(ctx context.Context) error {
 	cfg := c.walcountConfig()
 	_, err = setup.Run(ctx, conn, setup.Options{Config: cfg})
 	return err
+}
+
+// setupYAML writes a walcount config file of counters (yaml) to path and
+// runs walcount setup with it, on the cluster's servers.
+func (c *cluster) setupYAML(ctx context.Context, path, yaml string) error {
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		return err
+	}
+	cfg, err := config.Load(path, func(string) (string, bool) { return "", false }, config.Overrides{})
+	if err != nil {
+		return err
+	}
+	cfg.DatabaseURL, cfg.RedisURL = c.url, c.redis.URL()
+	conn, err := pgx.Connect(ctx, c.url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := setup.Run(ctx, conn, setup.Options{Config: cfg}); err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	return nil
 }
 
 // mark emits a logical message; once W passes its LSN, every transaction

@@ -19,8 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/walcount/walcount/app/config"
-	"github.com/walcount/walcount/app/setup"
+	"github.com/walcount/walcount/internal/stats"
 )
 
 // Section 14 (-only storm): the first storm after a backfill (issue 35
@@ -226,9 +225,6 @@ func runStorm(ctx context.Context, b *bench) (*stormResult, error) {
 	res.build = time.Since(began)
 	b.logf("  %d posts, %d users, %d source rows built in %s", size.posts, size.users, res.rows, res.build.Round(time.Second))
 	path := filepath.Join(b.tmp, fmt.Sprintf("storm-%d.yaml", time.Now().UnixNano()))
-	if err := os.WriteFile(path, []byte(stormYAML), 0o600); err != nil {
-		return nil, err
-	}
 	wc, err := stormCutover(ctx, b, c, path, res)
 	if err != nil {
 		return res, err
@@ -242,7 +238,7 @@ func runStorm(ctx context.Context, b *bench) (*stormResult, error) {
 		res.rounds = append(res.rounds, r)
 		b.logf("  round %d: %d txns in %s (%.0f/s), caught up %s after; apply lag p50 %.2fs p99 %.2fs max %.2fs; probe p99 %s; %.0f flushes, %.0f pieces, %d staged (%d keys, pace median / max %s), %d slow; walcount CPU %s",
 			i+1, r.txns, r.window.Round(time.Millisecond), float64(r.txns)/r.window.Seconds(), r.catchUp.Round(time.Millisecond),
-			r.lagP50, r.lagP99, r.lagMax, probeQ(r.probes, 0.99), r.flushes, r.pieces, r.log.staged, r.log.keys, r.log.pace(), r.log.slow, r.cpu)
+			r.lagP50, r.lagP99, r.lagMax, stats.Quantile(r.probes, 0.99), r.flushes, r.pieces, r.log.staged, r.log.keys, r.log.pace(), r.log.slow, r.cpu)
 	}
 	// Twice: the counters through a parent and site_score are a level
 	// above another (the via tables, posts.score), which they follow one
@@ -353,32 +349,13 @@ func stormCutover(ctx context.Context, b *bench, c *cluster, path string, res *s
 	lctx, stopLight := context.WithCancel(ctx)
 	defer stopLight()
 	light := startStormLoad(lctx, c.url, stormClients, res.size.rate/stormLightShare, res.size, 1)
-	pause := func() error {
-		select {
-		case <-time.After(stormCutoverPause):
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	if err := pause(); err != nil {
+	if err := pause(ctx, stormCutoverPause); err != nil {
 		return nil, err
 	}
-	cfg, err := config.Load(path, func(string) (string, bool) { return "", false }, config.Overrides{})
-	if err != nil {
+	if err := c.setupYAML(ctx, path, stormYAML); err != nil {
 		return nil, err
 	}
-	cfg.DatabaseURL, cfg.RedisURL = c.url, c.redis.URL()
-	conn, err := pgx.Connect(ctx, c.url)
-	if err != nil {
-		return nil, err
-	}
-	_, err = setup.Run(ctx, conn, setup.Options{Config: cfg})
-	conn.Close(context.Background())
-	if err != nil {
-		return nil, fmt.Errorf("setup: %w", err)
-	}
-	if err := pause(); err != nil {
+	if err := pause(ctx, stormCutoverPause); err != nil {
 		return nil, err
 	}
 	if _, err := c.db.Exec(ctx, stormDropTriggersSQL); err != nil {
@@ -476,13 +453,6 @@ func stormOnce(ctx context.Context, b *bench, c *cluster, wc *walcountProc, s st
 		return r, err
 	}
 	return r, wc.alive()
-}
-
-func probeQ(probes []time.Duration, q float64) time.Duration {
-	if len(probes) == 0 {
-		return 0
-	}
-	return probes[min(len(probes)-1, int(q*float64(len(probes))))]
 }
 
 // logSize returns the size of walcount's log so far.
@@ -693,7 +663,7 @@ func stormSection(x *stormResult) string {
 		"|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for i, r := range x.rounds {
 		fmt.Fprintf(&b, "| %d | %.0f | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %d (%s) | %s | %d | %s |\n", i+1, float64(r.txns)/r.window.Seconds(),
-			seconds(r.lagP50), seconds(r.lagP99), boundSeconds(r.lagMax), dur(probeQ(r.probes, 0.5)), dur(probeQ(r.probes, 0.99)), dur(r.catchUp),
+			seconds(r.lagP50), seconds(r.lagP99), boundSeconds(r.lagMax), dur(stats.Quantile(r.probes, 0.5)), dur(stats.Quantile(r.probes, 0.99)), dur(r.catchUp),
 			r.flushes, r.pieces, r.log.staged, thousands(float64(r.log.keys)), r.log.pace(), r.log.slow, dur(r.cpu))
 	}
 	exact := "no"
