@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +82,27 @@ type cluster struct {
 // newCluster starts a fresh cluster with posts 0..posts (post 0 is the
 // freshness probe's).
 func newCluster(ctx context.Context, posts int) (*cluster, error) {
+	c, err := newBareCluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.db.Exec(ctx, schemaSQL); err != nil {
+		c.close()
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	if _, err := c.db.Exec(ctx, `INSERT INTO posts (id) SELECT g FROM generate_series(0, $1::bigint) g`, posts); err != nil {
+		c.close()
+		return nil, fmt.Errorf("create posts: %w", err)
+	}
+	if _, err := c.db.Exec(ctx, `VACUUM ANALYZE posts`); err != nil {
+		c.close()
+		return nil, fmt.Errorf("vacuum posts: %w", err)
+	}
+	return c, nil
+}
+
+// newBareCluster starts a fresh cluster with no tables of the app.
+func newBareCluster(ctx context.Context) (*cluster, error) {
 	pg, err := servers.StartPostgres(ctx, servers.PostgresOptions{Settings: benchSettings})
 	if err != nil {
 		return nil, err
@@ -99,18 +121,6 @@ func newCluster(ctx context.Context, posts int) (*cluster, error) {
 	if c.db, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		c.close()
 		return nil, err
-	}
-	if _, err := c.db.Exec(ctx, schemaSQL); err != nil {
-		c.close()
-		return nil, fmt.Errorf("create schema: %w", err)
-	}
-	if _, err := c.db.Exec(ctx, `INSERT INTO posts (id) SELECT g FROM generate_series(0, $1::bigint) g`, posts); err != nil {
-		c.close()
-		return nil, fmt.Errorf("create posts: %w", err)
-	}
-	if _, err := c.db.Exec(ctx, `VACUUM ANALYZE posts`); err != nil {
-		c.close()
-		return nil, fmt.Errorf("vacuum posts: %w", err)
 	}
 	return c, nil
 }
@@ -156,6 +166,28 @@ func (c *cluster) setup(ctx context.Context) error {
 	cfg := c.walcountConfig()
 	_, err = setup.Run(ctx, conn, setup.Options{Config: cfg})
 	return err
+}
+
+// setupYAML writes a walcount config file of counters (yaml) to path and
+// runs walcount setup with it, on the cluster's servers.
+func (c *cluster) setupYAML(ctx context.Context, path, yaml string) error {
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		return err
+	}
+	cfg, err := config.Load(path, func(string) (string, bool) { return "", false }, config.Overrides{})
+	if err != nil {
+		return err
+	}
+	cfg.DatabaseURL, cfg.RedisURL = c.url, c.redis.URL()
+	conn, err := pgx.Connect(ctx, c.url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := setup.Run(ctx, conn, setup.Options{Config: cfg}); err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	return nil
 }
 
 // mark emits a logical message; once W passes its LSN, every transaction

@@ -191,6 +191,9 @@ func bucketBound(q float64, buckets []bucket) float64 {
 // freshness an app reading the counter sees.
 type prober struct {
 	c *cluster
+	// insert and read, when set, replace the like of post 0 ($1, by user
+	// $2) and the read of its likes_count ($1): another schema's probe.
+	insert, read string
 
 	mu        sync.Mutex
 	committed []time.Time // commit time of the probe that made the count i+1
@@ -219,10 +222,19 @@ func (p *prober) lags() []time.Duration {
 }
 
 func (p *prober) run(ctx context.Context) {
+	insert, read := insertSQL, `SELECT likes_count FROM posts WHERE id = $1`
+	if p.insert != "" {
+		insert, read = p.insert, p.read
+	}
+	// The count before the first probe: a probe counts from there.
+	var base int64
+	if err := p.c.db.QueryRow(ctx, read, probePost).Scan(&base); err != nil {
+		return
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		every(ctx, probeInterval, func() bool {
-			if _, err := p.c.db.Exec(ctx, insertSQL, probePost, 0); err != nil {
+			if _, err := p.c.db.Exec(ctx, insert, probePost, 0); err != nil {
 				return false
 			}
 			now := time.Now()
@@ -236,12 +248,12 @@ func (p *prober) run(ctx context.Context) {
 		seen := int64(0)
 		every(ctx, probePoll, func() bool {
 			var n int64
-			if err := p.c.db.QueryRow(ctx, `SELECT likes_count FROM posts WHERE id = $1`, probePost).Scan(&n); err != nil {
+			if err := p.c.db.QueryRow(ctx, read, probePost).Scan(&n); err != nil {
 				return false
 			}
 			now := time.Now()
 			p.mu.Lock()
-			for ; seen < n && seen < int64(len(p.committed)); seen++ {
+			for ; seen < n-base && seen < int64(len(p.committed)); seen++ {
 				at := p.committed[seen]
 				if !p.from.IsZero() && !at.Before(p.from) && (p.to.IsZero() || at.Before(p.to)) {
 					p.lag = append(p.lag, now.Sub(at))

@@ -23,6 +23,9 @@
 //     PING and of an app's row lock, and a SIGKILL in the middle.
 //  13. Fresh reads: read latency at 1,000 reads/s while 16 clients like
 //     one post, the min_lsn wait against the stream's receive lag.
+//  14. The first storm after a backfill: an app's schema cut over from
+//     its triggers under load, then storms of votes and comments; apply
+//     lag, staged batches and CPU per storm.
 //
 // Every cluster is fresh (a slot changes the write path) and lives on
 // disk, with fsync on and synchronous_commit=on.
@@ -78,7 +81,12 @@ type bench struct {
 	// section's daemon (its settings; its counters must be the default).
 	reconcileConfig string
 	soak            soakSettings
-	log             io.Writer
+	// stormSize overrides section 14's data and load; stormRate and
+	// stormRound its storms' rate and length (-storm-rate, -storm-round).
+	stormSize  *stormSize
+	stormRate  float64
+	stormRound time.Duration
+	log        io.Writer
 }
 
 func (b *bench) logf(format string, args ...any) {
@@ -145,7 +153,7 @@ type benchFlags struct {
 }
 
 // allSections are the sections, in the order they run.
-var allSections = []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi", "reads"}
+var allSections = []string{"write", "drain", "fresh", "reconcile", "app", "standby", "binary", "big", "multi", "reads", "storm"}
 
 func run() int {
 	b, fl := parseFlags()
@@ -242,7 +250,7 @@ func parseFlags() (*bench, benchFlags) {
 		}
 		return nil
 	})
-	flag.StringVar(&fl.only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi, reads (default all)")
+	flag.StringVar(&fl.only, "only", "", "comma-separated sections to run: write, drain, fresh, reconcile, app, standby, binary, big, multi, reads, storm (default all)")
 	flag.Int64Var(&b.reconcilePosts, "reconcile-posts", 0, "posts of the reconcile section, 5 likes each (default 1M, 100k with -quick)")
 	flag.IntVar(&b.reconcileBatch, "reconcile-batch", 0, "keys per measurement of the reconcile section's passes (default the daemon's)")
 	flag.StringVar(&b.profileDir, "profile", "", "run the drain's daemon in this process under the CPU profiler and write drain-*.pprof here (no cost figures)")
@@ -273,6 +281,8 @@ func parseFlags() (*bench, benchFlags) {
 		}
 		return nil
 	})
+	flag.Float64Var(&b.stormRate, "storm-rate", 0, "transactions/s of the storm section's storms (default 800, 400 with -quick)")
+	flag.DurationVar(&b.stormRound, "storm-round", 0, "length of each of the storm section's storms (default 45s, 10s with -quick)")
 	flag.StringVar(&fl.soakSummary, "soak-summary", "", "summarize a soak CSV (one still being written too) and exit")
 	flag.Parse()
 	if reconcileDebug {
@@ -302,7 +312,7 @@ func parseSections(only string) (map[string]bool, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(allSections, s) {
-			return nil, fmt.Errorf("unknown section %q (want write, drain, fresh, reconcile, app, standby, binary, big, multi or reads)", s)
+			return nil, fmt.Errorf("unknown section %q (want write, drain, fresh, reconcile, app, standby, binary, big, multi, reads or storm)", s)
 		}
 		sections[s] = true
 	}
@@ -393,6 +403,16 @@ func runSections(ctx context.Context, b *bench, r *results, sections map[string]
 			return err
 		}
 		r.reads = freadsSection(fr)
+	}
+	if sections["storm"] {
+		b.logf("14. the first storm after a backfill")
+		sr, err := runStorm(ctx, b)
+		if sr != nil && len(sr.rounds) > 0 {
+			r.storm = stormSection(sr)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }

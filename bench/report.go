@@ -34,6 +34,8 @@ type results struct {
 	multi string
 	// reads is section 13, as markdown ("" when it did not run).
 	reads string
+	// storm is section 14, as markdown ("" when it did not run).
+	storm string
 	// app is section 8, without walcount and with it.
 	app []appSideResult
 	// big is section 11.
@@ -135,6 +137,7 @@ func (r *results) markdown() string {
 	}
 	b.WriteString(r.multi)
 	b.WriteString(r.reads)
+	b.WriteString(r.storm)
 	r.targetsSection(&b)
 	return b.String()
 }

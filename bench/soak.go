@@ -21,8 +21,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/walcount/walcount/app/config"
-	"github.com/walcount/walcount/app/setup"
 	"github.com/walcount/walcount/internal/testkit/servers"
 )
 
@@ -213,22 +211,8 @@ func (k *soak) build(ctx context.Context) error {
 		return fmt.Errorf("soak schema: %w", err)
 	}
 	k.cfgPath = filepath.Join(k.b.tmp, "soak.yaml")
-	if err := os.WriteFile(k.cfgPath, []byte(soakYAML), 0o600); err != nil {
+	if err := c.setupYAML(ctx, k.cfgPath, soakYAML); err != nil {
 		return err
-	}
-	cfg, err := config.Load(k.cfgPath, func(string) (string, bool) { return "", false }, config.Overrides{})
-	if err != nil {
-		return err
-	}
-	cfg.DatabaseURL, cfg.RedisURL = c.url, c.redis.URL()
-	conn, err := pgx.Connect(ctx, c.url)
-	if err != nil {
-		return err
-	}
-	_, err = setup.Run(ctx, conn, setup.Options{Config: cfg})
-	conn.Close(context.Background())
-	if err != nil {
-		return fmt.Errorf("setup: %w", err)
 	}
 	if err := k.startWalcount(ctx); err != nil {
 		return err

@@ -127,7 +127,7 @@ func (f *Flusher) stage(ctx context.Context, h buffer.Handed) (bool, error) {
 	}
 	f.log.Info("staged a big batch in walcount.carried; applying it in pieces", zap.String("upto", h.Upto.String()),
 		zap.Int64("keys", merged), zap.Int("max_keys_per_transaction", f.opt.TransactionKeys),
-		zap.Duration("max_transaction_time", f.opt.TransactionTime))
+		zap.Duration("max_transaction_time", f.opt.TransactionTime), zap.Duration("per_key_seconds", f.pace.perKey))
 	return true, nil
 }
 

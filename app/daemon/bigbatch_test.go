@@ -9,6 +9,9 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
@@ -221,7 +224,10 @@ CREATE TRIGGER slow_row BEFORE UPDATE ON posts FOR EACH ROW EXECUTE FUNCTION slo
 // than fit in about flush_lock_time (checked by xmin, which does not
 // depend on the machine's speed: every row costs at least 2 ms), and an
 // app on its own connection taking each post's row lock, as its UPDATE
-// would, never waits long (a generous bound).
+// would, never waits long (a generous bound). The log line of each staged
+// batch gives the pace that sized its statements (per_key_seconds, issue
+// 35 §2: without it a flush staged for its pace could not be told from
+// one staged for its size): at least the trigger's sleep.
 func TestFlushOfSlowRowsHoldsLocksBriefly(t *testing.T) {
 	t.Parallel()
 	e := newEnvWith(t, slowRowSchema, nil)
@@ -257,7 +263,8 @@ func TestFlushOfSlowRowsHoldsLocksBriefly(t *testing.T) {
 			locks++
 		}
 	}()
-	d := e.start()
+	core, logs := observer.New(zapcore.InfoLevel)
+	d := e.start(func(o *Options) { o.Logger = zap.New(zapcore.NewTee(o.Logger.Core(), core)) })
 	e.waitApplied(slowRowPosts)
 	close(stop)
 	<-done
@@ -276,5 +283,15 @@ func TestFlushOfSlowRowsHoldsLocksBriefly(t *testing.T) {
 	}
 	if longest > 2500*time.Millisecond {
 		t.Errorf("the app waited %s for a post's row lock, want well under 2.5 s", longest)
+	}
+	staged := logs.FilterMessageSnippet("staged a big batch").All()
+	if len(staged) == 0 {
+		t.Fatal("no batch was staged: the flush did not go to pieces")
+	}
+	for _, l := range staged {
+		pace, ok := l.ContextMap()["per_key_seconds"].(time.Duration)
+		if !ok || pace < slowRowSleep {
+			t.Errorf("a staged batch logged the pace %v (%v), want at least the trigger's %s a key", l.ContextMap()["per_key_seconds"], ok, slowRowSleep)
+		}
 	}
 }
