@@ -61,6 +61,10 @@ try('RENAME', KEYS[1], KEYS[2])
 try('HDEL', KEYS[2], 'f')
 try('UNLINK', KEYS[1])
 try('DEL', KEYS[1], KEYS[2])
+try('XADD', KEYS[1], 'MAXLEN', '~', '100', '*', 'f', '1')
+try('XLEN', KEYS[1])
+try('SREM', KEYS[2], 'f')
+try('DEL', KEYS[1], KEYS[2])
 return refused
 `)
 
@@ -171,6 +175,21 @@ func (r *run) probeRedisACL(ctx context.Context, client redis.UniversalClient, o
 	if err := client.HScan(ctx, keys.Flushing, 0, "", 1).Err(); err != nil && !p.note("hscan", err) {
 		return r.redisCheckFailed("HSCAN", err)
 	}
+	// Change events: the keys due before a commit, read back at a
+	// session start, and the streams' lengths.
+	for _, c := range []struct {
+		name string
+		run  func() error
+	}{
+		{"sadd", func() error { return client.SAdd(ctx, key2, "probe").Err() }},
+		{"sscan", func() error { return client.SScan(ctx, key2, 0, "", 1).Err() }},
+		{"xlen", func() error { return client.XLen(ctx, key).Err() }},
+	} {
+		if err := c.run(); err != nil && !isWrongType(err) && !p.note(c.name, err) {
+			return r.redisCheckFailed(strings.ToUpper(c.name), err)
+		}
+	}
+	_ = client.Del(ctx, key2).Err()
 	cmds, err := client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.HSet(ctx, key, "probe", 1)
 		pipe.Unlink(ctx, key)
@@ -295,3 +314,7 @@ func isNoPerm(msg string) bool {
 	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "no permissions") ||
 		strings.Contains(msg, "can't run this command") || strings.Contains(msg, "can't access")
 }
+
+// isWrongType reports a command run on a probe key of another type: the
+// user may run it.
+func isWrongType(err error) bool { return strings.HasPrefix(err.Error(), "WRONGTYPE") }
