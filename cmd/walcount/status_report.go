@@ -406,12 +406,7 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		if d.LastError != "" {
 			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
 		}
-		if f := d.FreshReads; f != nil {
-			fmt.Fprintf(tw, "fresh reads\t%s\n", freshReadsLine(*f))
-		}
-		if e := d.Events; e != nil {
-			fmt.Fprintf(tw, "change events\t%s\n", eventsLine(*e))
-		}
+		printReads(tw, d.FreshReads, d.Events)
 		if len(d.StandbySlots) > 0 {
 			fmt.Fprintf(tw, "standbys\t%s\n", standbysLine(d.StandbySlots, d.AckHeld))
 		}
@@ -451,6 +446,17 @@ func freshReadsLine(f daemon.FreshReadStatus) string {
 	}
 	return fmt.Sprintf("%d since the daemon started (%s); %d waited for their min_lsn, %d timed out (504)",
 		f.Reads, strings.Join(by, ", "), f.Waits, f.Timeouts)
+}
+
+// printReads prints the daemon's fresh reads and change events lines,
+// each when the daemon has them.
+func printReads(tw io.Writer, f *daemon.FreshReadStatus, e *daemon.EventsStatus) {
+	if f != nil {
+		fmt.Fprintf(tw, "fresh reads\t%s\n", freshReadsLine(*f))
+	}
+	if e != nil {
+		fmt.Fprintf(tw, "change events\t%s\n", eventsLine(*e))
+	}
 }
 
 // eventsLine sums up the change events: each counter's stream and its
