@@ -64,6 +64,22 @@ func lastKey(slot string) string { return "walcount:{" + slot + "}:events-lsn" }
 // Keys returns the slot's keys other than the streams (teardown).
 func Keys(slot string) []string { return []string{outboxKey(slot), lastKey(slot)} }
 
+// Drop deletes the slot's change events keys: the outbox, the last LSNs
+// and the streams of counters (the default counter's when none is given).
+func Drop(ctx context.Context, rdb redis.UniversalClient, slot string, counters []counter.Counter) error {
+	if len(counters) == 0 {
+		counters = []counter.Counter{counter.Default()}
+	}
+	keys := Keys(slot)
+	for _, c := range counters {
+		keys = append(keys, Stream(slot, c.Name))
+	}
+	if err := rdb.Del(ctx, keys...).Err(); err != nil {
+		return fmt.Errorf("delete the change events' redis keys: %w", err)
+	}
+	return nil
+}
+
 // Options configure a Publisher.
 type Options struct {
 	Redis    redis.UniversalClient
