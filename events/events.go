@@ -206,8 +206,8 @@ func (p *Publisher) Due(ctx context.Context, fields, resets []string) ([]string,
 // statement per counter (counter.Resolved.Read, a fresh read's): a key
 // whose delta is carried (its row was locked, or it is parked) did not
 // change, nor did one with no target row; their events come with the
-// flush that applies them. Members of counters not in targets are
-// settled without an entry. lsn is the LSN the snapshot is exact at (the
+// flush that applies them. Members of counters not in targets, or
+// without events, are settled without an entry. lsn is the LSN the snapshot is exact at (the
 // transaction's W); zero takes the checkpoint the statement reads.
 func (p *Publisher) Read(ctx context.Context, q Querier, targets map[string]*counter.Resolved, members []string, lsn LSN) (Batch, error) {
 	b := Batch{LSN: lsn, Done: members}
@@ -217,11 +217,15 @@ func (p *Publisher) Read(ctx context.Context, q Querier, targets map[string]*cou
 	byCounter := map[string][]string{}
 	for _, m := range members {
 		if name, ok := cutReset(m); ok {
-			b.Resets = append(b.Resets, name)
+			if p.covered[name] {
+				b.Resets = append(b.Resets, name)
+			}
 			continue
 		}
 		name, key, _ := counter.SplitField(m)
-		if targets[name] != nil {
+		// A member left by an earlier session may name a counter no
+		// longer configured, or now of a kind without events.
+		if targets[name] != nil && p.covered[name] {
 			byCounter[name] = append(byCounter[name], key)
 		}
 	}

@@ -93,8 +93,8 @@ func checkEventOrder(t *testing.T, es []event) {
 // changed publishes an entry to the counter's stream with the key, the
 // column after the flush and an LSN at or below the checkpoint, in LSN
 // order per key; the max counter, which fresh reads refuse, has no
-// stream; /metrics and walcount status show the events and the stream's
-// length.
+// stream; a TRUNCATE of the source publishes a reset entry; /metrics and
+// walcount status show the events and the stream's length.
 func TestChangeEvents(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{
@@ -165,6 +165,16 @@ counters:
 			t.Errorf("post %s: last entry %v, column %s", key, last[key], col)
 		}
 	}
+	// A TRUNCATE of the source is one reset entry: every key 0 at its LSN.
+	c.exec("TRUNCATE likes")
+	wait.For(t, time.Minute, "a reset entry after the TRUNCATE", func() bool {
+		for _, e := range readEvents(t, rdb, stream, last["1"].id) {
+			if e.reset == "truncate" {
+				return c.count("SELECT count(*) FROM posts WHERE likes_count <> 0") == 0
+			}
+		}
+		return false
+	})
 	if n, err := rdb.Exists(context.Background(), eventsStream(c.slot, "post_last")).Result(); err != nil || n != 0 {
 		t.Errorf("the max counter has a stream (exists %d, %v): fresh reads refuse it, so do events", n, err)
 	}
