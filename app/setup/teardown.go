@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/walcount/walcount/buffer"
-	"github.com/walcount/walcount/events"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/events"
 	replslot "github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
