@@ -492,7 +492,7 @@ func msText(d time.Duration) string { return fmt.Sprintf("%.2f ms", ms(d)) }
 func freadsSection(r freadsResult) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "## 13. Fresh reads\n\n`GET /v1/counters/post_likes/1` (the hot post) paced at %d reads/s by %d clients, while %d paced clients like that post at %d likes/s. "+
-		"A read-your-writes probe likes the post every %s, takes `pg_current_wal_lsn()` and reads with that `min_lsn`; a receive probe likes post 0 every %s and times commit → `walcount_received_lsn` past it (the stream's receive lag), and its likes commit → the first [change event](fresh-reads.md#change-events) of post 0 that counts them (`XREAD BLOCK`). "+
+		"A read-your-writes probe likes the post every %s, takes `pg_current_wal_lsn()` and reads with that `min_lsn`; a receive probe likes post 0 every %s and times commit → `walcount_received_lsn` past it (the stream's receive lag), and its likes commit → the first change event of post 0 that counts them (`XREAD BLOCK`; docs/fresh-reads.md). "+
 		"Client times over keep-alive connections; the wait is `walcount_fresh_read_wait_seconds`, interpolated inside its buckets; heartbeats are `walcount_fresh_read_nudges_total` (walcount emits one for a wait past 20 ms). Counts verified at the end.\n\n",
 		readsTarget, readers, freshClients, readsLikeRate, rywInterval, recvInterval)
 	s.WriteString("| reads/s: target / achieved | likes/s | read p50 | read p99 | min_lsn reads | min_lsn read p50 | min_lsn read p99 | wait p50 / p99 (histogram) | heartbeats | receive lag p50 | receive lag p99 | change event lag p50 | change event lag p99 | errors | exact |\n" +
