@@ -20,9 +20,12 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -61,8 +64,12 @@ func outboxKey(slot string) string { return "walcount:{" + slot + "}:events-due"
 // (16 hex digits), which refuses an older publication.
 func lastKey(slot string) string { return "walcount:{" + slot + "}:events-lsn" }
 
+// offKey is a hash whose field "why" says change events were turned off
+// (Probe): the next walcount that may publish starts with a gap entry.
+func offKey(slot string) string { return "walcount:{" + slot + "}:events-off" }
+
 // Keys returns the slot's keys other than the streams (teardown).
-func Keys(slot string) []string { return []string{outboxKey(slot), lastKey(slot)} }
+func Keys(slot string) []string { return []string{outboxKey(slot), lastKey(slot), offKey(slot)} }
 
 // Drop deletes the slot's change events keys: the outbox, the last LSNs
 // and the streams of counters (the default counter's when none is given).
@@ -98,6 +105,106 @@ type Publisher struct {
 	// covered are the counters with events: those fresh reads answer
 	// exactly (fresh.InexactKind).
 	covered map[string]bool
+	// mu guards off, why change events are off for now ("" when on):
+	// Probe sets it when walcount's Redis user may not run the commands
+	// events need, so that an upgrade to a walcount with events keeps
+	// the counters going with a Redis user set up before them.
+	mu  sync.Mutex
+	off string
+}
+
+// Commands are the Redis commands change events need of walcount's user
+// beyond the buffer's: SADD, SSCAN and SREM on the outbox, XADD and XLEN
+// on the streams.
+var Commands = []string{"sadd", "sscan", "srem", "xadd", "xlen"}
+
+// Probe runs each command of Commands on a probe key of the slot and
+// turns change events off while walcount's Redis user may not run one of
+// them (NOPERM), with a warning; it turns them on again, with a gap entry
+// (the events while off are missing), once the user may. Call it at a
+// session start, before anything is published, with W. It returns an
+// error only for a failure other than a permission.
+func (p *Publisher) Probe(ctx context.Context, w LSN) error {
+	if p == nil {
+		return nil
+	}
+	probe := "walcount:{" + p.opt.Slot + "}:events-probe"
+	stream := probe + "-stream"
+	var refused []string
+	var first string
+	for _, c := range []struct {
+		name string
+		run  func() error
+	}{
+		{"sadd", func() error { return p.opt.Redis.SAdd(ctx, probe, "probe").Err() }},
+		{"sscan", func() error { return p.opt.Redis.SScan(ctx, probe, 0, "", 1).Err() }},
+		{"srem", func() error { return p.opt.Redis.SRem(ctx, probe, "probe").Err() }},
+		{"xadd", func() error {
+			return p.opt.Redis.XAdd(ctx, &redis.XAddArgs{Stream: stream, MaxLen: 1, Approx: true, Values: []any{"probe", "1"}}).Err()
+		}},
+		{"xlen", func() error { return p.opt.Redis.XLen(ctx, stream).Err() }},
+	} {
+		err := c.run()
+		switch {
+		case err == nil:
+		case isNoPerm(err):
+			refused = append(refused, strings.ToUpper(c.name))
+			if first == "" {
+				first = err.Error()
+			}
+		default:
+			return fmt.Errorf("change events: probe %s: %w", strings.ToUpper(c.name), err)
+		}
+	}
+	_ = p.opt.Redis.Del(ctx, probe, stream).Err()
+	why := ""
+	if len(refused) > 0 {
+		why = fmt.Sprintf("the Redis user may not run %s (%s)", strings.Join(refused, ", "), first)
+	}
+	p.mu.Lock()
+	p.off = why
+	p.mu.Unlock()
+	if why != "" {
+		p.opt.Logger.Warn("change events are off: grant walcount's Redis user the commands they need (walcount check prints the ACL rule); the counters are kept as before",
+			zap.String("why", why))
+		// Recorded for whichever walcount may publish next (this one
+		// after a grant, or another): it starts with a gap entry.
+		if err := p.opt.Redis.HSet(ctx, offKey(p.opt.Slot), "why", why).Err(); err != nil {
+			return fmt.Errorf("change events: record that they are off: %w", err)
+		}
+		return nil
+	}
+	was, err := p.opt.Redis.HGet(ctx, offKey(p.opt.Slot), "why").Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("change events: read whether they were off: %w", err)
+	}
+	p.opt.Logger.Info("change events are on again; a gap entry says the changes while they were off have none", zap.String("was", was))
+	if err := p.Gap(ctx, w, "change events were off"); err != nil {
+		return err
+	}
+	return p.opt.Redis.Del(ctx, offKey(p.opt.Slot)).Err()
+}
+
+// Off returns why change events are off for now, "" when they are on.
+func (p *Publisher) Off() string {
+	if p == nil {
+		return "events_maxlen is 0"
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.off
+}
+
+// on reports whether p publishes at all.
+func (p *Publisher) on() bool { return p != nil && p.Off() == "" }
+
+func isNoPerm(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "no permissions") ||
+		strings.Contains(msg, "can't run this command") || strings.Contains(msg, "can't access")
 }
 
 // New returns a Publisher, nil when opt.MaxLen is 0 (events off).
@@ -121,7 +228,7 @@ func New(opt Options) *Publisher {
 }
 
 // Covers reports whether counter's changes are published.
-func (p *Publisher) Covers(counter string) bool { return p != nil && p.covered[counter] }
+func (p *Publisher) Covers(counter string) bool { return p.on() && p.covered[counter] }
 
 // Streams returns the streams published to, by counter.
 func (p *Publisher) Streams() map[string]string {
@@ -168,7 +275,7 @@ type Querier interface {
 // added: the next session start publishes whatever the outbox still holds
 // (Recover), so a crash between the commit and Publish loses no event.
 func (p *Publisher) Due(ctx context.Context, fields, resets []string) ([]string, error) {
-	if p == nil {
+	if !p.on() {
 		return nil, nil
 	}
 	var members []string
@@ -342,7 +449,7 @@ return out
 // Publish adds b's entries to the streams and settles b.Done in the
 // outbox, in script calls of at most batchEntries entries.
 func (p *Publisher) Publish(ctx context.Context, b Batch) error {
-	if p == nil || b.Empty() {
+	if !p.on() || b.Empty() {
 		return nil
 	}
 	resets := map[string]bool{}
@@ -431,7 +538,7 @@ func (p *Publisher) run(ctx context.Context, lsn LSN, resets map[string]bool, en
 // checkpoint. Call it at a session start, before the first flush, when
 // nothing else writes the columns. It returns the entries published.
 func (p *Publisher) Recover(ctx context.Context, q Querier, targets map[string]*counter.Resolved) (int, error) {
-	if p == nil {
+	if !p.on() {
 		return 0, nil
 	}
 	var members []string
@@ -506,7 +613,7 @@ return 0
 // so events of flushes before it may be missing (their outbox members
 // went with walcount's other keys). A consumer reads its keys again.
 func (p *Publisher) Gap(ctx context.Context, lsn LSN, reason string) error {
-	if p == nil || len(p.covered) == 0 {
+	if !p.on() || len(p.covered) == 0 {
 		return nil
 	}
 	names := make([]string, 0, len(p.covered))
@@ -530,7 +637,7 @@ func (p *Publisher) Gap(ctx context.Context, lsn LSN, reason string) error {
 // Lengths returns each stream's length (XLEN), by counter.
 func (p *Publisher) Lengths(ctx context.Context) (map[string]int64, error) {
 	out := map[string]int64{}
-	if p == nil {
+	if !p.on() {
 		return out, nil
 	}
 	cmds := map[string]*redis.IntCmd{}

@@ -19,6 +19,9 @@ type EventsStatus struct {
 	Published int64 `json:"published"`
 	Recovered int64 `json:"recovered"`
 	Gaps      int64 `json:"gaps"`
+	// Off is why change events are off for now (the Redis user may not
+	// run their commands), empty while they are on.
+	Off string `json:"off,omitempty"`
 	// Error is why the streams' lengths could not be read.
 	Error string `json:"error,omitempty"`
 }
@@ -38,7 +41,7 @@ func (d *Daemon) eventsStatus(ctx context.Context) *EventsStatus {
 	if len(streams) == 0 {
 		return nil
 	}
-	s := &EventsStatus{MaxLen: d.events.MaxLen(), Recovered: countOf(d.m.EventsRecovered), Gaps: countOf(d.m.EventsGaps)}
+	s := &EventsStatus{MaxLen: d.events.MaxLen(), Off: d.events.Off(), Recovered: countOf(d.m.EventsRecovered), Gaps: countOf(d.m.EventsGaps)}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	lens, err := d.events.Lengths(ctx)

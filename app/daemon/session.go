@@ -381,6 +381,11 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 	if err := d.buf.CheckOwner(ctx, history, time.Now()); err != nil {
 		return 0, err
 	}
+	// Change events stay off while walcount's Redis user may not run
+	// their commands (a user set up before them): the counters go on.
+	if err := d.events.Probe(ctx, f.W()); err != nil {
+		return 0, err
+	}
 	meta, err := d.buf.Meta(ctx)
 	if err != nil {
 		return 0, err

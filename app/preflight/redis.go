@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/events"
 	"github.com/walcount/walcount/internal/redisconn"
 )
 
@@ -235,7 +236,22 @@ func (r *run) probeRedisACL(ctx context.Context, client redis.UniversalClient, o
 			return r.redisCheckFailed("COMMAND", err)
 		}
 	}
-	if len(p.refused) > 0 || p.keysRefused {
+	events := p.eventsOnly()
+	if len(events) > 0 && r.cfg.EventsMaxLen == 0 {
+		// Change events are off: their commands are not needed.
+		p.refused = slices.DeleteFunc(p.refused, func(c string) bool { return slices.Contains(events, c) })
+		events = nil
+	}
+	switch {
+	case len(events) > 0 && len(p.refused) == len(events) && !p.keysRefused:
+		// Only change events' commands: walcount runs without events
+		// until they are granted (events.Publisher.Probe).
+		r.warn(CheckRedisACL, fmt.Sprintf("Redis user %s may not run %s, which change events need: walcount keeps the counters but publishes no change events until it may (%s)",
+			p.user, strings.ToUpper(strings.Join(events, ", ")), p.first),
+			fmt.Sprintf("ACL SETUSER %s +%s (walcount's whole rule: ACL SETUSER %s %s), or events_maxlen: 0",
+				p.user, strings.Join(events, " +"), p.user, redisconn.ACLRules(opts)))
+		return true
+	case len(p.refused) > 0 || p.keysRefused:
 		r.redisACLProblem(p, opts)
 		return true
 	}
@@ -270,6 +286,18 @@ func (r *run) redisACLProblem(p *aclProbe, opts redisconn.Options) {
 	fix := fmt.Sprintf("ACL SETUSER %s %s (walcount's whole rule: ACL SETUSER %s %s; in an ACL file or on every node of a cluster)",
 		p.user, strings.Join(rules, " "), p.user, redisconn.ACLRules(opts))
 	r.accessProblem(CheckRedisACL, msg, fix)
+}
+
+// eventsOnly returns the refused commands that only change events need
+// (events.Commands).
+func (p *aclProbe) eventsOnly() []string {
+	var out []string
+	for _, c := range p.refused {
+		if slices.Contains(events.Commands, c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // aclProbe collects the permissions Redis refused.

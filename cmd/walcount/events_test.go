@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/walcount/walcount/internal/redisconn"
 	"github.com/walcount/walcount/internal/testkit/appschema"
 	"github.com/walcount/walcount/internal/testkit/testenv"
 	"github.com/walcount/walcount/internal/testkit/wait"
@@ -482,5 +485,81 @@ func TestChangeEventsResumeAfterGap(t *testing.T) {
 	settled("after Redis lost walcount's keys")
 	if cs.resyncs == before {
 		t.Errorf("the consumer never resynced after Redis lost walcount's keys")
+	}
+}
+
+// TestChangeEventsOffForAnOlderRedisUser: walcount's Redis user was set up
+// before change events (the least-privilege rule without SADD, SSCAN,
+// SREM, XADD and XLEN), as an upgrade finds it. walcount run keeps the
+// counters exact with events off, says so in walcount status, and
+// publishes nothing; once the commands are granted, the next start turns
+// events on with a gap entry (the changes while off have none) and
+// publishes again. Before, run refused to start until they were granted:
+// the upgrade stopped every counter.
+func TestChangeEventsOffForAnOlderRedisUser(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, testenv.Database(t), appschema.SQL(appschema.Options{Index: true, Posts: 3}))
+	ctx := context.Background()
+	rdb := eventsClient(t, c.redis)
+	opts, err := redisconn.Parse(c.redis, redisconn.TLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []any
+	for _, r := range strings.Fields(redisconn.ACLRules(opts)) {
+		if !slices.Contains([]string{"+sadd", "+sscan", "+srem", "+xadd", "+xlen"}, r) {
+			rules = append(rules, r)
+		}
+	}
+	user := "old_" + c.slot
+	if err := rdb.Do(ctx, append([]any{"ACL", "SETUSER", user, ">pw"}, rules...)...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(c.redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, "pw")
+	addr := unusedAddr(t)
+	env := []string{"WALCOUNT_DATABASE_URL=" + c.db, "WALCOUNT_REDIS_URL=" + u.String(), "WALCOUNT_SLOT=" + c.slot,
+		"WALCOUNT_HTTP_ADDR=" + addr, "WALCOUNT_FLUSH_INTERVAL=100ms"}
+	if code, _, _ := walcount(t, env, "setup"); code != exitOK {
+		t.Fatalf("setup: exit %d", code)
+	}
+	code, out, _ := walcount(t, env, "check")
+	if code != exitOK || !strings.Contains(out, "which change events need") {
+		t.Fatalf("check as the older user: exit %d, want %d with a warning naming change events:\n%s", code, exitOK, out)
+	}
+	p := startWalcount(t, env, "run")
+	waitStreaming(t, p, addr)
+	c.exec("INSERT INTO likes (post_id) SELECT 1 + g % 3 FROM generate_series(1, 30) g")
+	wait.For(t, time.Minute, "the likes flushed", func() bool {
+		return c.count("SELECT count(*) FROM posts WHERE likes_count = 10") == 3
+	})
+	_, status, _ := walcount(t, env, "status")
+	if !strings.Contains(status, "WARNING off: the Redis user may not run SADD") {
+		t.Errorf("status does not say change events are off:\n%s", status)
+	}
+	stream := eventsStream(c.slot, "post_likes")
+	if n, err := rdb.Exists(ctx, stream).Result(); err != nil || n != 0 {
+		t.Fatalf("a stream exists while events are off (exists %d, %v)", n, err)
+	}
+	if code := p.stop(); code != exitOK {
+		t.Fatalf("run exit %d", code)
+	}
+
+	// Granted: the next start publishes a gap entry, then the changes.
+	if err := rdb.Do(ctx, "ACL", "SETUSER", user, "+sadd", "+sscan", "+srem", "+xadd", "+xlen").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p = startWalcount(t, env, "run")
+	waitStreaming(t, p, addr)
+	c.exec("INSERT INTO likes (post_id) VALUES (1)")
+	wait.For(t, time.Minute, "a gap entry, then post 1's entry at 11", func() bool {
+		es := readEvents(t, rdb, stream, "-")
+		return len(es) >= 2 && es[0].gap != "" && slices.ContainsFunc(es[1:], func(e event) bool { return e.key == "1" && e.value == "11" })
+	})
+	if code := p.stop(); code != exitOK {
+		t.Fatalf("run exit %d", code)
 	}
 }

@@ -462,6 +462,9 @@ func printReads(tw io.Writer, f *daemon.FreshReadStatus, e *daemon.EventsStatus)
 // eventsLine sums up the change events: each counter's stream and its
 // length, the bound, and what was published since the daemon started.
 func eventsLine(e daemon.EventsStatus) string {
+	if e.Off != "" {
+		return "WARNING off: " + e.Off + "; the counters are kept as before (walcount check prints the ACL rule)"
+	}
 	var streams []string
 	for _, s := range e.Streams {
 		n := fmt.Sprintf("%d entries", s.Length)
