@@ -42,6 +42,11 @@ func TestFreshReadsSection(t *testing.T) {
 	if len(r.ryw) < 10 || len(r.recv) < 5 {
 		t.Errorf("%d min_lsn reads and %d receive probes in the window, want at least 10 and 5", len(r.ryw), len(r.recv))
 	}
+	// The receive probe's likes are counted by change events
+	// (runFreshReads waits for those of the window).
+	if len(r.events) < 5 {
+		t.Errorf("%d receive probes' likes timed to their change event in the window, want at least 5", len(r.events))
+	}
 	if r.errors != 0 {
 		t.Errorf("%d reads failed or answered below their min_lsn", r.errors)
 	}

@@ -70,9 +70,9 @@ func TestInexactKindsRefused(t *testing.T) {
 	}
 	// The exact kinds are not refused.
 	for _, c := range cs {
-		kind := inexactKind(c, cs)
+		kind := InexactKind(c, cs)
 		if _, refused := want[c.Name]; refused != (kind != "") {
-			t.Errorf("counter %s: inexactKind %q", c.Name, kind)
+			t.Errorf("counter %s: InexactKind %q", c.Name, kind)
 		}
 	}
 }

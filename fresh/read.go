@@ -101,7 +101,7 @@ func New(opt Options) *Reader {
 		resolved: map[string]*counter.Resolved{}}
 	for _, c := range opt.Counters {
 		r.counters[c.Name] = c
-		if kind := inexactKind(c, opt.Counters); kind != "" {
+		if kind := InexactKind(c, opt.Counters); kind != "" {
 			r.inexact[c.Name] = kind
 		}
 	}
@@ -133,10 +133,11 @@ type Snapshot struct {
 	Values []Value
 }
 
-// inexactKind returns the kind of c when a fresh read of it is not exact
+// InexactKind returns the kind of c when a fresh read of it is not exact
 // at its LSN (docs/design.md §7 (f)), "" for the kinds that are: counts,
-// filtered counts, sums and totals with no key.
-func inexactKind(c counter.Counter, all []counter.Counter) string {
+// filtered counts, sums and totals with no key. Change events (package
+// events) leave out the same counters.
+func InexactKind(c counter.Counter, all []counter.Counter) string {
 	if _, fn := c.Extremum(); fn != "" {
 		// Its value is recomputed from the source rows of the read's
 		// snapshot, which may hold transactions past the LSN.
@@ -489,15 +490,15 @@ func value(res *counter.Resolved, x row, pending int64) Value {
 	var col int64
 	if x.present && x.column != nil {
 		col, _ = strconv.ParseInt(*x.column, 10, 64)
-		v.Column = scaled(col, res.Scale)
+		v.Column = Scaled(col, res.Scale)
 	}
-	v.Pending = scaled(pending, res.Scale)
-	v.Value = scaled(col+pending, res.Scale)
+	v.Pending = Scaled(pending, res.Scale)
+	v.Value = Scaled(col+pending, res.Scale)
 	return v
 }
 
-// scaled renders n units of 10^-scale as a decimal.
-func scaled(n int64, scale int) string {
+// Scaled renders n units of 10^-scale as a decimal.
+func Scaled(n int64, scale int) string {
 	if scale == 0 {
 		return strconv.FormatInt(n, 10)
 	}

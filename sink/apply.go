@@ -161,6 +161,10 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 		}
 		f.opt.FlushLog.replace(upto, out.applied, out.missed)
 	}
+	ev, err := f.eventsDue(ctx, tx, upto, out, resets)
+	if err != nil {
+		return false, err
+	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		f.opt.FlushLog.drop(upto)
 		return false, err
@@ -171,7 +175,10 @@ func (f *Flusher) applyOnce(ctx context.Context, from, upto cdc.LSN, fields map[
 		return false, fmt.Errorf("commit flush: %w", err)
 	}
 	f.committedCarry(out)
-	return true, nil
+	// A failure here ends the session with the flush committed: the next
+	// one publishes its events from the outbox, and the checkpoint says
+	// the batch was applied.
+	return true, f.publishEvents(ctx, ev)
 }
 
 // reset runs the resets of a TRUNCATE barrier and returns, as carried

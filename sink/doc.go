@@ -37,8 +37,9 @@
 // savepoint, its bisection on a row's data error and the retry that
 // isolates it; carry.go, what is carried and parked, written in the flush
 // transaction, and the metrics once it committed; pieces.go, the stage
-// and drain of a big batch; pace.go, the pacing of the statements; and
-// barrier.go, the TRUNCATE barrier.
+// and drain of a big batch; pace.go, the pacing of the statements;
+// events.go, the change events each transaction owes (package events);
+// and barrier.go, the TRUNCATE barrier.
 //
 // The package is walcount's own code, not a stable API: it is importable
 // only because Go makes a top-level package so.

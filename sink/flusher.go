@@ -15,6 +15,7 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/events"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
 	"github.com/walcount/walcount/state"
@@ -105,6 +106,9 @@ type Options struct {
 	Logger *zap.Logger
 	// Failpoints are armed by crash tests; nil in production.
 	Failpoints *failpoint.Set
+	// Events publishes the change events of the keys each flush
+	// changes; nil publishes none.
+	Events *events.Publisher
 	// FlushLog remembers what each flush applied for the aggregator;
 	// nil keeps nothing.
 	FlushLog *FlushLog

@@ -14,6 +14,7 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
+	"github.com/walcount/walcount/events"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/state"
 )
@@ -270,12 +271,13 @@ func (f *Flusher) drainOnce(ctx context.Context, cursor state.CarriedCursor, sus
 		// nothing was written.
 		return cursor, more, false, nil
 	}
-	if err := f.commitPiece(ctx, tx, w, total); err != nil {
+	ev, err := f.commitPiece(ctx, tx, w, total)
+	if err != nil {
 		return cursor, false, false, err
 	}
 	f.prior = prior
 	f.committedCarry(total)
-	return cursor, more, true, nil
+	return cursor, more, true, f.publishEvents(ctx, ev)
 }
 
 // drainPage applies a page of carried keys in a piece's transaction, one
@@ -317,18 +319,26 @@ func (f *Flusher) drainPage(ctx context.Context, tx pgx.Tx, st *statements, page
 }
 
 // commitPiece commits a piece of a drain that did what total holds, with
-// its flush marker for w when it applied anything.
-func (f *Flusher) commitPiece(ctx context.Context, tx pgx.Tx, w cdc.LSN, total *outcome) error {
+// its flush marker for w when it applied anything, and returns its change
+// events to publish.
+func (f *Flusher) commitPiece(ctx context.Context, tx pgx.Tx, w cdc.LSN, total *outcome) (events.Batch, error) {
 	if len(total.applied) > 0 {
 		piece := newPieceName()
 		if err := cdc.PostMessage(ctx, tx, cdc.PieceMarker(f.opt.Slot, w, piece)); err != nil {
-			return fmt.Errorf("flush marker: %w", err)
+			return events.Batch{}, fmt.Errorf("flush marker: %w", err)
 		}
 		f.opt.FlushLog.add(w, piece, total.applied, total.missed)
 	}
+	// The piece's events, at W: its keys' columns plus walcount.carried
+	// are the values at W, and the piece moves their deltas into the
+	// columns.
+	ev, err := f.eventsDue(ctx, tx, w, total, nil)
+	if err != nil {
+		return events.Batch{}, err
+	}
 	if err := f.opt.Failpoints.Inject(failpoint.BeforeCommit); err != nil {
 		f.opt.FlushLog.drop(w)
-		return err
+		return events.Batch{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// Unlike a flush that moves W, a piece is not tried again as
@@ -336,9 +346,9 @@ func (f *Flusher) commitPiece(ctx context.Context, tx pgx.Tx, w cdc.LSN, total *
 		// not take it (a piece that did commit then costs dirty marks,
 		// never a wrong compensation).
 		f.opt.FlushLog.drop(w)
-		return fmt.Errorf("commit flush: %w", err)
+		return events.Batch{}, fmt.Errorf("commit flush: %w", err)
 	}
-	return nil
+	return ev, nil
 }
 
 // newPieceName returns a name for a piece's marker that no other process

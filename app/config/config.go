@@ -24,6 +24,9 @@ const (
 	// DefaultAggregatorTransactionKeys is aggregator_transaction_keys's
 	// default: about 25 MiB of one source transaction's deltas.
 	DefaultAggregatorTransactionKeys = 50000
+	// DefaultEventsMaxLen is events_maxlen's default: about how many
+	// change events each counter's stream keeps.
+	DefaultEventsMaxLen = 100000
 
 	DefaultHTTPAddr = "127.0.0.1:9750"
 	// CPUSchedulingBatch and CPUSchedulingNormal are the values of
@@ -86,6 +89,10 @@ type Config struct {
 	// deltas so far are written to Redis before its COMMIT, in parts that
 	// only its COMMIT makes part of the chain.
 	AggregatorTransactionKeys int `yaml:"aggregator_transaction_keys"`
+	// EventsMaxLen bounds each counter's change events stream (XADD …
+	// MAXLEN ~): about how many entries it keeps. 0 turns change events
+	// off (docs/fresh-reads.md, "Change events").
+	EventsMaxLen int64 `yaml:"events_maxlen"`
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz,
 	// /status and /v1/reconcile. Empty disables the HTTP server.
 	HTTPAddr string `yaml:"http_addr"`
@@ -224,6 +231,7 @@ func Default() Config {
 		HeartbeatInterval:         DefaultHeartbeatInterval,
 		FlushLockTime:             DefaultFlushLockTime,
 		AggregatorTransactionKeys: DefaultAggregatorTransactionKeys,
+		EventsMaxLen:              DefaultEventsMaxLen,
 		HTTPAddr:                  DefaultHTTPAddr,
 		LogLevel:                  "info",
 		LogFormat:                 LogFormatAuto,

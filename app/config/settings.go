@@ -112,6 +112,7 @@ var Table = []Setting{
 	{Name: "stream timeout", Key: "stream_timeout", Default: "0"},
 	{Name: "flush lock time", Key: "flush_lock_time", Default: DefaultFlushLockTime.String()},
 	{Name: "aggregator transaction keys", Key: "aggregator_transaction_keys", Default: strconv.Itoa(DefaultAggregatorTransactionKeys)},
+	{Name: "change events stream length", Key: "events_maxlen", Default: strconv.Itoa(DefaultEventsMaxLen)},
 	{Name: "HTTP address", Key: "http_addr", Flag: "http-addr", Env: EnvHTTPAddr, Default: DefaultHTTPAddr,
 		Help: "HTTP API address: run serves /metrics, /healthz, /readyz, /status and POST /v1/reconcile there; status and reconcile ask the daemon there",
 		Doc:  "Where `run` serves the HTTP API, and where `status` and `reconcile` look for the daemon."},

@@ -58,6 +58,12 @@ const (
 const (
 	MinAggregatorTransactionKeys = 100
 	MaxAggregatorTransactionKeys = 10_000_000
+	// MinEventsMaxLen and MaxEventsMaxLen bound EventsMaxLen, unless it
+	// is 0 (change events off): below, a consumer would resume from the
+	// columns after almost every burst; above, a stream would hold
+	// gigabytes of Redis memory.
+	MinEventsMaxLen = 100
+	MaxEventsMaxLen = 100_000_000
 )
 
 var (
@@ -201,6 +207,9 @@ func (c *Config) validateTimings(add problemFunc) {
 	}
 	if c.FlushLockTime < MinFlushLockTime || c.FlushLockTime > MaxFlushLockTime {
 		add("flush_lock_time", "%s is out of range: must be at least %s and at most %s", c.FlushLockTime, MinFlushLockTime, MaxFlushLockTime)
+	}
+	if c.EventsMaxLen != 0 && (c.EventsMaxLen < MinEventsMaxLen || c.EventsMaxLen > MaxEventsMaxLen) {
+		add("events_maxlen", "%d is out of range: must be 0 (change events off), or at least %d and at most %d", c.EventsMaxLen, MinEventsMaxLen, MaxEventsMaxLen)
 	}
 	if c.AggregatorTransactionKeys < MinAggregatorTransactionKeys || c.AggregatorTransactionKeys > MaxAggregatorTransactionKeys {
 		add("aggregator_transaction_keys", "%d is out of range: must be at least %d and at most %d", c.AggregatorTransactionKeys, MinAggregatorTransactionKeys, MaxAggregatorTransactionKeys)

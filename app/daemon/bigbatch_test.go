@@ -154,8 +154,9 @@ func TestBigBatchFlushesInPieces(t *testing.T) {
 
 // TestBigBatchCrashBetweenPieces crashes walcount while it applies the
 // bulk insert's batch: as its first transaction stages the batch, as a
-// piece is about to commit, and between two pieces. A new walcount ends
-// exact: every delta applied once.
+// piece is about to commit, between two pieces, and after a piece's
+// commit before its change events. A new walcount ends exact, every delta
+// applied once, and every post's change event carries its column.
 func TestBigBatchCrashBetweenPieces(t *testing.T) {
 	t.Parallel()
 	for _, p := range []struct {
@@ -165,10 +166,13 @@ func TestBigBatchCrashBetweenPieces(t *testing.T) {
 		{failpoint.BeforeCommit, 1},  // the stage
 		{failpoint.BeforeCommit, 3},  // the second piece
 		{failpoint.BetweenPieces, 4}, // after the fourth piece
+		{failpoint.BeforeEvents, 2},  // the second piece committed, its events not published
 	} {
 		t.Run(fmt.Sprintf("%s#%d", p.name, p.nth), func(t *testing.T) {
 			t.Parallel()
-			e := newEnvWith(t, bigBatchSchema, nil)
+			// Room for every post's change events, those published
+			// again after the crash included.
+			e := newEnvWith(t, bigBatchSchema, func(e *env) { e.cfg.EventsMaxLen = 1_000_000 })
 			fp := &failpoint.Set{}
 			disarm := fp.CrashAfter(p.name, p.nth)
 			e.bulkInsert()
@@ -189,6 +193,7 @@ func TestBigBatchCrashBetweenPieces(t *testing.T) {
 			e.waitApplied(bigBatchPosts + 100)
 			e.waitCaughtUp(catchUp)
 			e.assertExact()
+			e.assertEventsMatchColumns()
 			if err := d2.stop(t); err != nil {
 				t.Fatal(err)
 			}

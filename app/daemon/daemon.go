@@ -18,6 +18,7 @@ import (
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/cdc"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/events"
 	"github.com/walcount/walcount/fresh"
 	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/metrics"
@@ -102,7 +103,9 @@ type Daemon struct {
 	// the flush needs.
 	readPool *pgxpool.Pool
 	fresh    *fresh.Reader
-	lag      *sink.LagTracker
+	// events publishes the change events of the flushes (nil: off).
+	events *events.Publisher
+	lag    *sink.LagTracker
 	// flushes outlives sessions: a restarted session meets the markers
 	// of flushes an earlier one made.
 	flushes *sink.FlushLog
@@ -244,6 +247,8 @@ func New(opt Options) (*Daemon, error) {
 			KeepWatchingLostSlot: cfg.OnSlotLoss == config.SlotLossRecreate}),
 	}
 	d.rec = d.newReconciler()
+	d.events = events.New(events.Options{Redis: rdb, Slot: cfg.Slot, Counters: cfg.Counters, MaxLen: cfg.EventsMaxLen,
+		Metrics: opt.Metrics, Logger: d.log})
 	if err := d.newFreshReader(pcfg); err != nil {
 		d.Close()
 		return nil, err

@@ -123,6 +123,7 @@ func (d *Daemon) openSession(ctx context.Context) (*liveSession, error) {
 		Logger:     d.log,
 		Failpoints: d.opt.Failpoints,
 		FlushLog:   d.flushes,
+		Events:     d.events,
 		// A policy enabled during the session makes a flush fail rather
 		// than drop the rows it hides (see watchTargetViews).
 		RowSecurityOff: rowSecurityOff,
@@ -379,6 +380,11 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 	if err := d.buf.CheckOwner(ctx, history, time.Now()); err != nil {
 		return 0, err
 	}
+	// Change events stay off while walcount's Redis user may not run
+	// their commands (a user set up before them): the counters go on.
+	if err := d.events.Probe(ctx, f.W()); err != nil {
+		return 0, err
+	}
 	meta, err := d.buf.Meta(ctx)
 	if err != nil {
 		return 0, err
@@ -389,7 +395,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 	switch {
 	case !meta.Exists:
 		d.log.Info("no buffer in redis; starting an empty one at the checkpoint", zap.String(logLSN, f.W().String()))
-		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
+		if err := d.resetChain(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
 	case meta.History != history:
@@ -398,7 +404,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		// trusted. Nothing past W was acknowledged: replay from W.
 		d.log.Warn("redis buffer was written against another server history; discarding it and replaying from the checkpoint",
 			zap.String("buffer_history", meta.History), zap.String("server_history", history), zap.String(logLSN, f.W().String()))
-		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
+		if err := d.resetChain(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
 	case meta.Part != "":
@@ -408,12 +414,17 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		// all: replay from W.
 		d.log.Warn("a big transaction was only partly written to the redis buffer; discarding it and replaying from the checkpoint",
 			zap.String("part", meta.Part), zap.String(logLSN, f.W().String()))
-		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
+		if err := d.resetChain(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
 	}
 	if meta.Exists && meta.History == history {
 		f.Inherit(meta.LSN)
+	}
+	// Before any flush of this session writes a column: the events a
+	// crash kept from Redis, read back from the target rows at W.
+	if _, err := f.RecoverEvents(ctx); err != nil {
+		return 0, err
 	}
 	if _, err := f.Flush(ctx); err != nil {
 		if !errors.Is(err, buffer.ErrChainBroken) {
@@ -424,7 +435,7 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		d.log.Warn("redis buffer does not continue the checkpoint; resetting it and replaying from the checkpoint",
 			zap.Error(err), zap.String(logLSN, f.W().String()))
 		f.Inherit(0)
-		if err := d.buf.Reset(ctx, f.W(), history); err != nil {
+		if err := d.resetChain(ctx, f.W(), history); err != nil {
 			return 0, err
 		}
 	}
@@ -439,6 +450,17 @@ func (d *Daemon) recover(ctx context.Context, f *sink.Flusher, history string) (
 		return 0, fmt.Errorf("recover: %w: redis is at %s, behind the checkpoint %s", buffer.ErrChainBroken, meta.LSN, f.W())
 	}
 	return meta.LSN, nil
+}
+
+// resetChain starts an empty chain at w (buffer.Redis.Reset) and
+// publishes a gap entry at w to every change events stream: the outbox of
+// the events of the flushes before may have gone with the buffer, so a
+// consumer must read its keys again (docs/fresh-reads.md).
+func (d *Daemon) resetChain(ctx context.Context, w cdc.LSN, history string) error {
+	if err := d.buf.Reset(ctx, w, history); err != nil {
+		return err
+	}
+	return d.events.Gap(ctx, w, "the redis chain was reset")
 }
 
 // checkSlotPosition compares the slot's confirmed position with W. The

@@ -97,6 +97,8 @@ type Status struct {
 	// FreshReads is what the fresh reads did since this process started;
 	// absent in a process that serves none.
 	FreshReads *FreshReadStatus `json:"fresh_reads,omitempty"`
+	// Events is the change events' streams; absent when they are off.
+	Events *EventsStatus `json:"events,omitempty"`
 }
 
 // CounterStatus is one counter in /status. The numbers count from the start
@@ -361,6 +363,7 @@ func (d *Daemon) Status(ctx context.Context) Status {
 	}
 	s.Reconcile = d.rec.Status()
 	s.FreshReads = d.freshStatus()
+	s.Events = d.eventsStatus(ctx)
 	for _, c := range d.cfg.Counters {
 		s.Counters = append(s.Counters, d.counterStatus(c.Name, c.Source, c.Target+"."+c.Column))
 	}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/walcount/walcount/buffer"
+	"github.com/walcount/walcount/events"
 	"github.com/walcount/walcount/internal/redisconn"
 )
 
@@ -60,6 +61,10 @@ try('EXISTS', KEYS[1])
 try('RENAME', KEYS[1], KEYS[2])
 try('HDEL', KEYS[2], 'f')
 try('UNLINK', KEYS[1])
+try('DEL', KEYS[1], KEYS[2])
+try('XADD', KEYS[1], 'MAXLEN', '~', '100', '*', 'f', '1')
+try('XLEN', KEYS[1])
+try('SREM', KEYS[2], 'f')
 try('DEL', KEYS[1], KEYS[2])
 return refused
 `)
@@ -171,6 +176,21 @@ func (r *run) probeRedisACL(ctx context.Context, client redis.UniversalClient, o
 	if err := client.HScan(ctx, keys.Flushing, 0, "", 1).Err(); err != nil && !p.note("hscan", err) {
 		return r.redisCheckFailed("HSCAN", err)
 	}
+	// Change events: the keys due before a commit, read back at a
+	// session start, and the streams' lengths.
+	for _, c := range []struct {
+		name string
+		run  func() error
+	}{
+		{"sadd", func() error { return client.SAdd(ctx, key2, "probe").Err() }},
+		{"sscan", func() error { return client.SScan(ctx, key2, 0, "", 1).Err() }},
+		{"xlen", func() error { return client.XLen(ctx, key).Err() }},
+	} {
+		if err := c.run(); err != nil && !isWrongType(err) && !p.note(c.name, err) {
+			return r.redisCheckFailed(strings.ToUpper(c.name), err)
+		}
+	}
+	_ = client.Del(ctx, key2).Err()
 	cmds, err := client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.HSet(ctx, key, "probe", 1)
 		pipe.Unlink(ctx, key)
@@ -216,7 +236,22 @@ func (r *run) probeRedisACL(ctx context.Context, client redis.UniversalClient, o
 			return r.redisCheckFailed("COMMAND", err)
 		}
 	}
-	if len(p.refused) > 0 || p.keysRefused {
+	events := p.eventsOnly()
+	if len(events) > 0 && r.cfg.EventsMaxLen == 0 {
+		// Change events are off: their commands are not needed.
+		p.refused = slices.DeleteFunc(p.refused, func(c string) bool { return slices.Contains(events, c) })
+		events = nil
+	}
+	switch {
+	case len(events) > 0 && len(p.refused) == len(events) && !p.keysRefused:
+		// Only change events' commands: walcount runs without events
+		// until they are granted (events.Publisher.Probe).
+		r.warn(CheckRedisACL, fmt.Sprintf("Redis user %s may not run %s, which change events need: walcount keeps the counters but publishes no change events until it may (%s)",
+			p.user, strings.ToUpper(strings.Join(events, ", ")), p.first),
+			fmt.Sprintf("ACL SETUSER %s +%s (walcount's whole rule: ACL SETUSER %s %s), or events_maxlen: 0",
+				p.user, strings.Join(events, " +"), p.user, redisconn.ACLRules(opts)))
+		return true
+	case len(p.refused) > 0 || p.keysRefused:
 		r.redisACLProblem(p, opts)
 		return true
 	}
@@ -251,6 +286,18 @@ func (r *run) redisACLProblem(p *aclProbe, opts redisconn.Options) {
 	fix := fmt.Sprintf("ACL SETUSER %s %s (walcount's whole rule: ACL SETUSER %s %s; in an ACL file or on every node of a cluster)",
 		p.user, strings.Join(rules, " "), p.user, redisconn.ACLRules(opts))
 	r.accessProblem(CheckRedisACL, msg, fix)
+}
+
+// eventsOnly returns the refused commands that only change events need
+// (events.Commands).
+func (p *aclProbe) eventsOnly() []string {
+	var out []string
+	for _, c := range p.refused {
+		if slices.Contains(events.Commands, c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // aclProbe collects the permissions Redis refused.
@@ -295,3 +342,7 @@ func isNoPerm(msg string) bool {
 	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "no permissions") ||
 		strings.Contains(msg, "can't run this command") || strings.Contains(msg, "can't access")
 }
+
+// isWrongType reports a command run on a probe key of another type: the
+// user may run it.
+func isWrongType(err error) bool { return strings.HasPrefix(err.Error(), "WRONGTYPE") }

@@ -43,6 +43,8 @@ func TestRedisACL(t *testing.T) {
 		{Name: "nomulti", Password: "pw", Rules: aclRules(t, "rediss://h:1/0", []string{"+exec"})},
 		{Name: "otherkeys", Password: "pw", Rules: aclRules(t, "rediss://h:1/0", []string{redisconn.KeyPattern}, "~other:*")},
 		{Name: "noping", Password: "pw", Rules: aclRules(t, "rediss://h:1/0", []string{"+ping"})},
+		// A user set up before change events: the rule of walcount 2026-12.
+		{Name: "noevents", Password: "pw", Rules: aclRules(t, "rediss://h:1/0", []string{"+sadd", "+sscan", "+srem", "+xadd", "+xlen"})},
 		{Name: "default", Rules: []string{"off"}},
 	}
 	r := testenv.RedisTLS(t, users...)
@@ -115,6 +117,17 @@ func TestRedisACL(t *testing.T) {
 			t.Errorf("fix = %q", p.Fix)
 		}
 		none(t, fs, preflight.CheckRedisWritable, preflight.Problem)
+	})
+	t.Run("change events only", func(t *testing.T) {
+		t.Parallel()
+		fs := check(t, "noevents")
+		p := want(t, fs, preflight.CheckRedisACL, preflight.Warning, "which change events need: walcount keeps the counters")
+		if !strings.HasPrefix(p.Fix, "ACL SETUSER noevents +sadd +sscan +xlen +xadd +srem (") {
+			t.Errorf("fix = %q", p.Fix)
+		}
+		if preflight.HasProblems(fs) {
+			t.Error("a Redis user without the change events' commands is a problem: an upgrade would stop the counters")
+		}
 	})
 	t.Run("PING", func(t *testing.T) {
 		t.Parallel()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/walcount/walcount/buffer"
 	"github.com/walcount/walcount/counter"
+	"github.com/walcount/walcount/events"
 	replslot "github.com/walcount/walcount/slot"
 	"github.com/walcount/walcount/state"
 )
@@ -23,7 +24,7 @@ func TeardownPlan(slotName, publication string) []string {
 		fmt.Sprintf("walcount's state rows of slot %q: its checkpoint, reconciliation runs, dirty marks and the claim on its counter columns", slot),
 		fmt.Sprintf("publication %q (DROP PUBLICATION %s), unless another slot reads it", publication, pgx.Identifier{publication}.Sanitize()),
 		"schema walcount and its tables (DROP SCHEMA walcount CASCADE), once no other slot is left in it",
-		fmt.Sprintf("redis keys %v", buffer.KeysFor(slot).All()),
+		fmt.Sprintf("redis keys %v, %v and the change events streams %s of the configured counters", buffer.KeysFor(slot).All(), events.Keys(slot), events.Stream(slot, "<counter>")),
 		"what walcount's role may not drop (a publication or schema it does not own) is printed, with the SQL, for their owner",
 		"kept, and listed with the statements that remove them: the counter columns and their values, the replica identity setup set (restored with --restore-replica-identity), the privileges granted to walcount's role, and the role",
 	}
@@ -206,6 +207,9 @@ func TeardownWith(ctx context.Context, conn *pgx.Conn, rdb redis.UniversalClient
 	res.Restored, res.Kept = restored, append(elsewhere, kept...)
 	if rdb != nil {
 		if err := buffer.New(rdb, slot).Drop(ctx); err != nil {
+			return res, err
+		}
+		if err := events.Drop(ctx, rdb, slot, opt.Counters); err != nil {
 			return res, err
 		}
 		res.Dropped = append(res.Dropped, "the Redis keys")

@@ -13,6 +13,7 @@ import (
 	"github.com/walcount/walcount/app/daemon"
 	"github.com/walcount/walcount/app/preflight"
 	"github.com/walcount/walcount/internal/buildinfo"
+	"github.com/walcount/walcount/internal/failpoint"
 	"github.com/walcount/walcount/internal/httpapi"
 	"github.com/walcount/walcount/internal/metrics"
 )
@@ -54,7 +55,9 @@ func runDaemon(ctx context.Context, cfg config.Config, log *zap.Logger, skipChec
 	applyCPUScheduling(cfg.CPUScheduling, log)
 	// New exports walcount_build_info from buildinfo.Get().
 	m := metrics.New()
-	d, err := daemon.New(daemon.Options{Config: cfg, Metrics: m, Logger: log})
+	d, err := daemon.New(daemon.Options{Config: cfg, Metrics: m, Logger: log,
+		// nil but in the crash tests' build (the walcountfailpoints tag).
+		Failpoints: failpoint.FromEnv()})
 	if err != nil {
 		return err
 	}

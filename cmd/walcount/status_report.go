@@ -370,6 +370,7 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 				LastFlush *float64 `json:"last_flush_seconds"`
 			} `json:"apply_lag"`
 			FreshReads *daemon.FreshReadStatus `json:"fresh_reads"`
+			Events     *daemon.EventsStatus    `json:"events"`
 		}
 		_ = json.Unmarshal(r.Daemon, &d)
 		switch {
@@ -397,9 +398,7 @@ func printStatus(out io.Writer, cfg config.Config, r statusReport) {
 		if d.LastError != "" {
 			fmt.Fprintf(tw, "daemon last error\t%s\n", d.LastError)
 		}
-		if f := d.FreshReads; f != nil {
-			fmt.Fprintf(tw, "fresh reads\t%s\n", freshReadsLine(*f))
-		}
+		printReads(tw, d.FreshReads, d.Events)
 		if len(d.StandbySlots) > 0 {
 			fmt.Fprintf(tw, "standbys\t%s\n", standbysLine(d.StandbySlots, d.AckHeld))
 		}
@@ -439,6 +438,44 @@ func freshReadsLine(f daemon.FreshReadStatus) string {
 	}
 	return fmt.Sprintf("%d since the daemon started (%s); %d waited for their min_lsn, %d timed out (504)",
 		f.Reads, strings.Join(by, ", "), f.Waits, f.Timeouts)
+}
+
+// printReads prints the daemon's fresh reads and change events lines,
+// each when the daemon has them.
+func printReads(tw io.Writer, f *daemon.FreshReadStatus, e *daemon.EventsStatus) {
+	if f != nil {
+		fmt.Fprintf(tw, "fresh reads\t%s\n", freshReadsLine(*f))
+	}
+	if e != nil {
+		fmt.Fprintf(tw, "change events\t%s\n", eventsLine(*e))
+	}
+}
+
+// eventsLine sums up the change events: each counter's stream and its
+// length, the bound, and what was published since the daemon started.
+func eventsLine(e daemon.EventsStatus) string {
+	if e.Off != "" {
+		return "WARNING off: " + e.Off + "; the counters are kept as before (walcount check prints the ACL rule)"
+	}
+	var streams []string
+	for _, s := range e.Streams {
+		n := fmt.Sprintf("%d entries", s.Length)
+		if s.Length < 0 {
+			n = "length unknown"
+		}
+		streams = append(streams, s.Stream+" ("+n+")")
+	}
+	line := fmt.Sprintf("%s, each kept to about %d; %d published since the daemon started", strings.Join(streams, ", "), e.MaxLen, e.Published)
+	if e.Recovered > 0 {
+		line += fmt.Sprintf(", %d again after a crash", e.Recovered)
+	}
+	if e.Gaps > 0 {
+		line += fmt.Sprintf(", %d gaps (redis lost walcount's keys)", e.Gaps)
+	}
+	if e.Error != "" {
+		line += "; " + e.Error
+	}
+	return line
 }
 
 // dirtyCounter sums up one counter's dirty marks.

@@ -27,6 +27,10 @@ const (
 	BeforeCommit = "sink.before-commit"
 	// AfterCommit fires after the PostgreSQL commit, before DEL flushing.
 	AfterCommit = "sink.after-commit"
+	// BeforeEvents fires after the PostgreSQL commit of a flush (or a
+	// piece of a big batch) that changed keys with change events, before
+	// the events are published to Redis.
+	BeforeEvents = "sink.before-events"
 	// BeforeAck fires after DEL flushing, before W is handed to cdc.
 	BeforeAck = "sink.before-ack"
 	// BetweenPieces fires after a piece of a big batch committed, before

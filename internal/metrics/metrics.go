@@ -272,6 +272,26 @@ type Metrics struct {
 	// on a quiet database.
 	FreshReadNudges prometheus.Counter
 
+	// Change events (docs/design.md §7, "Change events").
+
+	// EventsPublished counts the entries published to the counters'
+	// change events streams, by counter.
+	EventsPublished *prometheus.CounterVec
+	// EventsRecovered counts the entries a session start published again
+	// for a flush whose events a crash may have kept from Redis.
+	EventsRecovered prometheus.Counter
+	// EventsGaps counts the gap entries published: the chain was reset
+	// (Redis lost walcount's keys, another server history), so entries
+	// before it may be missing.
+	EventsGaps prometheus.Counter
+	// EventsStale counts the entries refused because their stream
+	// already holds a later LSN (a walcount that lost its session to
+	// another publishing late).
+	EventsStale prometheus.Counter
+	// EventsStreamLength is the length of a counter's stream after the
+	// last publication, by counter.
+	EventsStreamLength *prometheus.GaugeVec
+
 	// BuildInfo is 1, labelled with what the binary is (version,
 	// revision, modified, goversion); set it with SetBuildInfo.
 	BuildInfo *prometheus.GaugeVec
@@ -290,6 +310,7 @@ func New() *Metrics {
 	m.newFlushMetrics()
 	m.newReconcileMetrics()
 	m.newFreshMetrics()
+	m.newEventsMetrics()
 	m.BuildInfo = gaugeVec("build_info",
 		"Always 1, labelled with the walcount version, the VCS revision it was built from, whether that tree was modified (true, false or unknown) and the Go version.",
 		LabelVersion, LabelRevision, LabelModified, LabelGoVersion)
@@ -311,6 +332,7 @@ func New() *Metrics {
 		m.FlushKeysDeferred, m.FlushOldestDeferredSeconds, m.KeysParked,
 		m.CounterDirty, m.ReconcileCorrections, m.ReconcileKeysChecked, m.ViaRowsCollected,
 		m.FreshReads, m.FreshReadSeconds, m.FreshReadWaits, m.FreshReadWaitSeconds, m.FreshReadRetries, m.FreshReadNudges,
+		m.EventsPublished, m.EventsRecovered, m.EventsGaps, m.EventsStale, m.EventsStreamLength,
 		m.BuildInfo,
 	)
 
@@ -473,6 +495,22 @@ func (m *Metrics) newFreshMetrics() {
 		"Attempts of fresh reads made again: a batch written to Redis in parts, or a flush that committed between the Redis and the PostgreSQL read.")
 	m.FreshReadNudges = counter("fresh_read_nudges_total",
 		"Heartbeats emitted so that fresh reads waiting for an LSN on a quiet database end.")
+}
+
+// newEventsMetrics makes the metrics of change events.
+func (m *Metrics) newEventsMetrics() {
+	m.EventsPublished = counterVec("events_published_total",
+		"Entries published to the counters' change events streams, by counter.",
+		LabelCounter)
+	m.EventsRecovered = counter("events_recovered_total",
+		"Change events published again by a session start, for flushes that committed without their events reaching Redis (a crash between the two).")
+	m.EventsGaps = counter("events_gaps_total",
+		"Gap entries published to the change events streams: walcount's Redis keys were lost or reset, so entries before the gap may be missing.")
+	m.EventsStale = counter("events_stale_total",
+		"Change events refused because their stream already held a later LSN.")
+	m.EventsStreamLength = gaugeVec("events_stream_length",
+		"Entries in a counter's change events stream after the last publication, by counter.",
+		LabelCounter)
 }
 
 // Registry returns the registry holding every walcount metric.

@@ -14,7 +14,8 @@ const KeyPattern = "~walcount:*"
 // probe of walcount check). Redis checks a script's commands against the
 // ACL of the user that runs the script, so each needs a permission of its
 // own.
-var ScriptCommands = []string{"hget", "hmget", "hset", "hdel", "hincrby", "hgetall", "hlen", "hexists", "exists", "del", "unlink", "rename"}
+var ScriptCommands = []string{"hget", "hmget", "hset", "hdel", "hincrby", "hgetall", "hlen", "hexists", "exists", "del", "unlink", "rename",
+	"xadd", "xlen", "srem"}
 
 // ClientCommands are the commands walcount sends itself: PING (/readyz,
 // walcount check), EVALSHA and EVAL (every script: go-redis tries
@@ -22,8 +23,11 @@ var ScriptCommands = []string{"hget", "hmget", "hset", "hdel", "hincrby", "hgeta
 // HMGET (reading the meta hash), MULTI, EXEC, DEL and HSET (a reset of
 // the buffer, UNLINK frees a big one off Redis's main thread), HSET (a
 // note in the meta hash), HSCAN (a flush reads its deltas in pages) and
-// HSET and DEL (walcount check's write probe).
-var ClientCommands = []string{"ping", "evalsha", "eval", "hmget", "multi", "exec", "del", "unlink", "hset", "hscan"}
+// HSET and DEL (walcount check's write probe), and for change events
+// SADD (the keys due before a flush commits), SSCAN (a session start
+// reads them back) and XLEN (the streams' lengths for /status); the
+// publication scripts run XADD, XLEN and SREM (ScriptCommands).
+var ClientCommands = []string{"ping", "evalsha", "eval", "hmget", "multi", "exec", "del", "unlink", "hset", "hscan", "sadd", "sscan", "xlen"}
 
 // OptionalCommands are refused without harm: CONFIG GET reads the
 // eviction policy, and walcount says nothing about it when it may not.
