@@ -58,6 +58,9 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 	if err := p.execute(ctx); err != nil {
 		return err
 	}
+	if err := r.markUnsettled(ctx, run, c, p.unsettled); err != nil {
+		return err
+	}
 	// One line per counter: a backfill's corrections are its first count,
 	// a reconcile's are drift (WARN when it found any).
 	fields := []zap.Field{zap.Int64("run", run.ID), zap.String("counter", c.Name),
@@ -69,6 +72,28 @@ func (r *Reconciler) reconcileCounter(ctx context.Context, run *RunInfo, c count
 		r.log.Warn("counter reconciled", append(fields, zap.Int64("not_logged", p.notLogged))...)
 	default:
 		r.log.Info("counter reconciled", fields...)
+	}
+	return nil
+}
+
+// markUnsettled marks dirty the keys of c whose measurements kept
+// disagreeing in run's pass: neither corrected nor known exact, they are
+// left to a later repair rather than taken for exact when the run ends.
+func (r *Reconciler) markUnsettled(ctx context.Context, run *RunInfo, c counter.Counter, keys []string) error {
+	if len(keys) == 0 || run.DryRun {
+		return nil
+	}
+	tx, err := r.opt.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("counter %s: mark unsettled keys dirty: %w", c.Name, err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	cause := fmt.Sprintf("reconciliation run %d of counter %s could not settle these keys: their measurements kept disagreeing", run.ID, c.Name)
+	if err := state.MarkDirty(ctx, tx, r.opt.Slot, c.Name, keys, cause); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("counter %s: mark unsettled keys dirty: %w", c.Name, err)
 	}
 	return nil
 }

@@ -121,6 +121,10 @@ type pass struct {
 	// waited for.
 	unapplied    []confirmedDrift
 	unappliedEnd cdc.LSN
+	// unsettled are the keys whose measurements kept disagreeing: not
+	// corrected, and not known exact either, so the counter's pass marks
+	// them dirty for a later repair (reconcileCounter).
+	unsettled []string
 }
 
 func (p *pass) execute(ctx context.Context) error {
@@ -216,8 +220,9 @@ func (p *pass) evaluate(rq *roundRequest, res *roundResult, fresh []string, b *b
 	}
 	disagree := func(k string, corr int64, s *suspect) {
 		if s.disagreed >= maxRemeasures {
-			p.log.Warn("key not corrected: its measurements kept disagreeing (is something other than walcount writing its column?)",
+			p.log.Warn("key not corrected: its measurements kept disagreeing (is something other than walcount writing its column?); marked dirty for a later repair",
 				zap.String("counter", p.counter), zap.String("key", k), zap.Int64("correction", corr), zap.Int64("previous", s.prev))
+			p.unsettled = append(p.unsettled, k)
 			return
 		}
 		next[k] = &suspect{prev: corr, origin: s.origin, tries: s.tries, disagreed: s.disagreed + 1}

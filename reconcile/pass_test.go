@@ -294,6 +294,9 @@ func TestPassDisagreementIsNotCorrected(t *testing.T) {
 	if again != 1+maxRemeasures {
 		t.Errorf("key 4 measured again %d times, want %d: once after the survey, then %d times as its measurements disagreed", again, 1+maxRemeasures, maxRemeasures)
 	}
+	if !slices.Equal(p.unsettled, []string{"4"}) {
+		t.Errorf("unsettled keys %v, want [4]: a key left uncorrected must be marked dirty for a later repair", p.unsettled)
+	}
 }
 
 // disagreeing changes key's column between measurements, as a write to
