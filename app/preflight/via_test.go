@@ -60,7 +60,7 @@ CREATE INDEX ON votes (post_id);`
 		var ddl []string
 		for _, c := range cs {
 			if c.Through.Role == "" {
-				ddl = counter.ViaTableSQL(c.Name, counter.Column{Full: "bigint"}, counter.Column{Full: "bigint"})
+				ddl = counter.ViaTableSQL(c.Name, counter.Column{Full: "bigint"}, counter.Column{Full: "bigint"}, false)
 			}
 		}
 		f := newFixture(t, schema+"CREATE TABLE posts (id bigint PRIMARY KEY, creator_id uuid, deleted boolean NOT NULL DEFAULT false); ALTER TABLE posts REPLICA IDENTITY FULL; CREATE SCHEMA walcount; "+
