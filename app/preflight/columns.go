@@ -187,6 +187,13 @@ func (r *run) checkExtremum(c counter.Counter, src, tgt *table, v, col counter.C
 		bad(fmt.Sprintf("counter %s: counter column %s.%s is %s but its %s column %s is %s: it must hold the same type", c.Name, tgt.sql, r.ident(c.Column), col.Full, fn, name, v.Full),
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s;", tgt.sql, r.ident(c.Column), v.Full))
 		return nil
+	case c.IsVia() && col.NotNull:
+		// A via table made for a count or a sum of the same name: a
+		// parent with no value has a NULL total. Made again, it is
+		// seeded, and the counter's changed definition backfills it.
+		bad(fmt.Sprintf("counter %s: its via table %s has a total NOT NULL, made for a count or a sum: a %s through a parent keeps NULL for a parent with no value", c.Through.Counter, tgt.sql, fn),
+			fmt.Sprintf("DROP TABLE %s; then walcount setup", tgt.sql))
+		return nil
 	}
 	if !r.once["extremum stats"] {
 		// Before a recompute the flush waits for the transactions that
