@@ -214,9 +214,9 @@ func ThroughProblems(field string, c Counter) []Problem {
 func ViaTableSQL(name string, parentKey, column Column, extremum bool) []string {
 	schema, table := SplitTable(ViaTable(name))
 	ident := pgxIdent(schema, table)
-	total, index := column.Full+" NOT NULL DEFAULT 0", pgxIdent(ViaTarget)
+	total, index := column.Full+" NOT NULL DEFAULT 0", ViaTarget
 	if extremum {
-		total, index = column.Full, pgxIdent(ViaTarget)+", "+pgxIdent(ViaTotal)
+		total, index = column.Full, ViaTarget+", "+ViaTotal
 	}
 	return []string{
 		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s %s PRIMARY KEY, %s bigint NOT NULL DEFAULT 0, %s bigint NOT NULL DEFAULT 0, %s %s)`,
