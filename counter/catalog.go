@@ -200,7 +200,9 @@ type Resolved struct {
 	// to the rows that have the keys, waiting for their row locks, and
 	// returns the keys (of $1) that have no row. Only for walcount's own
 	// tables (a backfill's corrections of a via table, which no app
-	// transaction locks; reconcile's correctVia).
+	// transaction locks; reconcile's correctVia). An extremum's sets
+	// the column from the source rows instead (its corrections are
+	// recomputes), its filter values bound after $2 (FlushArgs).
 	Correct string
 	// Reset zeroes the column (a TRUNCATE of the source) of the rows it
 	// can lock at once, and returns (key, column in delta units) of the

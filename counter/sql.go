@@ -240,6 +240,14 @@ FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, t
 	if c.CreateMissing {
 		r.Flush = createExtremumFlush(r, tgt, tkey, fmt.Sprintf("SELECT %s(s.%s) FROM %s AS s WHERE %s%s", fn, pgx.Identifier{ext}.Sanitize(), src.Ident(), match, filter))
 	}
+	// A correction of an extremum is a recompute too (its deltas are
+	// +1s): Correct sets the column of the rows with the keys $1 from
+	// their source rows, whatever $2 holds, the filter values bound after
+	// $2 (FlushArgs), and returns the keys with no row. A via table's
+	// quiet corrections (reconcile's correctVia) write it so.
+	r.Correct = fmt.Sprintf(`WITH d AS (SELECT u.k, u.k::%[1]s AS id, u.delta FROM unnest($1::text[], $2::bigint[]) AS u(k, delta)),
+hit AS (UPDATE %[2]s AS t SET %[3]s = (SELECT %[5]s(s.%[6]s) FROM %[7]s AS s WHERE %[8]s%[9]s) FROM d WHERE t.%[4]s = d.id RETURNING d.k)
+SELECT d.k FROM d WHERE d.k NOT IN (SELECT hit.k FROM hit)`, tkey.Full, tgt.Ident(), col, tkeyID, fn, pgx.Identifier{ext}.Sanitize(), src.Ident(), match, filter)
 	r.Reset = fmt.Sprintf(`WITH l AS (SELECT t.%[1]s AS k FROM %[2]s AS t WHERE t.%[3]s IS NOT NULL%[4]s FOR NO KEY UPDATE OF t SKIP LOCKED),
 u AS (UPDATE %[2]s AS t SET %[3]s = NULL WHERE t.%[1]s IN (SELECT l.k FROM l) RETURNING t.%[1]s AS k)
 SELECT t.%[1]s::text, -1::bigint FROM %[2]s AS t WHERE t.%[3]s IS NOT NULL%[4]s AND t.%[1]s NOT IN (SELECT u.k FROM u)`,

@@ -25,7 +25,8 @@ func pgxIdent(parts ...string) string { return pgx.Identifier(parts).Sanitize() 
 //	            one parent row with that key (0 once it is deleted)
 //	passes      the number of parent rows with that key that pass the
 //	            parent's filter and have a target (1 or 0)
-//	total       the count or sum of the source rows referencing the parent
+//	total       the count or sum of the source rows referencing the parent,
+//	            or their max or min (NULL with none)
 //
 // total, target and passes are counters of the via table (RoleTotal,
 // RoleTarget, RolePasses), kept from the source's and the parent's own
@@ -35,6 +36,14 @@ func pgxIdent(parts ...string) string { return pgx.Identifier(parts).Sanitize() 
 // multi-level counter does, so a parent that moves to another target or
 // leaves the filter moves its whole total in the flush that records the
 // move, and nothing on the hot path queries the parent.
+//
+// A max or min through a parent has the same shape: total is then the
+// extremum of the parent's source rows (a recompute from them, as any
+// extremum counter's), and the level above is the extremum of total over
+// the via rows with passes = 1 keyed by target, recomputed from the via
+// table whenever a via row's total, target or passes changes (its old and
+// its new target both), which walcount's own flushes of the via table
+// show in the WAL.
 type Through struct {
 	// Counter is the name of the declared counter; Role says which of
 	// the four this one is ("" for the declared one).
@@ -128,7 +137,7 @@ func ExpandThrough(cs []Counter) []Counter {
 		}
 		extra = append(extra,
 			Counter{Name: ViaCounterName(c.Name, RoleTotal), Source: c.Source, Key: c.Key,
-				Target: via, TargetKey: ViaParentKey, Column: ViaTotal, Sum: c.Sum,
+				Target: via, TargetKey: ViaParentKey, Column: ViaTotal, Sum: c.Sum, Max: c.Max, Min: c.Min,
 				Where: c.Where, Filters: c.Filters, AppendOnly: c.AppendOnly, CreateMissing: true, Through: gen(RoleTotal)},
 			Counter{Name: ViaCounterName(c.Name, RoleTarget), Source: th.Table, Key: th.Key,
 				Target: via, TargetKey: ViaParentKey, Column: ViaTarget, Sum: th.Column,
@@ -141,6 +150,12 @@ func ExpandThrough(cs []Counter) []Counter {
 		top := c
 		top.Through = &th
 		top.Source, top.Key, top.Sum = via, ViaTarget, ViaTotal
+		switch {
+		case c.Max != "":
+			top.Sum, top.Max = "", ViaTotal
+		case c.Min != "":
+			top.Sum, top.Min = "", ViaTotal
+		}
 		top.Where, top.Filters, top.AppendOnly = map[string]*string{ViaPasses: &one}, nil, false
 		out = append(out, top)
 	}
@@ -162,11 +177,8 @@ func ThroughProblems(field string, c Counter) []Problem {
 	if len(c.Name) > MaxViaNameLen {
 		add("name", "a counter with via has a name of at most %d bytes (the counters of its via table add %q)", MaxViaNameLen, viaSuffix+RoleTarget)
 	}
-	switch {
-	case c.Keyless():
+	if c.Keyless() {
 		add("via", "a total with no key (target_row) reaches no parent")
-	case c.Max != "" || c.Min != "":
-		add("via", "a max or min cannot go through a parent yet; a count or a sum can (see docs/configuration.md for what to do instead)")
 	}
 	if th.Table == "" {
 		add("via.table", "required (the parent table)")
@@ -195,15 +207,22 @@ func ThroughProblems(field string, c Counter) []Problem {
 // total of the counter column's type, or do nothing when it exists. The
 // table has REPLICA IDENTITY FULL (the level above it reads the old
 // target, passes and total of every UPDATE) and an index on target (the
-// level above reconciles by target).
-func ViaTableSQL(name string, parentKey, column Column) []string {
+// level above reconciles by target). The total of a max or min
+// (extremum) is NULL while the parent has no source row with a value,
+// and the index is on (target, total): the level above's recompute of a
+// target is one index probe.
+func ViaTableSQL(name string, parentKey, column Column, extremum bool) []string {
 	schema, table := SplitTable(ViaTable(name))
 	ident := pgxIdent(schema, table)
+	total, index := column.Full+" NOT NULL DEFAULT 0", ViaTarget
+	if extremum {
+		total, index = column.Full, ViaTarget+", "+ViaTotal
+	}
 	return []string{
-		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s %s PRIMARY KEY, %s bigint NOT NULL DEFAULT 0, %s bigint NOT NULL DEFAULT 0, %s %s NOT NULL DEFAULT 0)`,
-			ident, ViaParentKey, parentKey.Full, ViaTarget, ViaPasses, ViaTotal, column.Full),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (%s %s PRIMARY KEY, %s bigint NOT NULL DEFAULT 0, %s bigint NOT NULL DEFAULT 0, %s %s)`,
+			ident, ViaParentKey, parentKey.Full, ViaTarget, ViaPasses, ViaTotal, total),
 		fmt.Sprintf(`ALTER TABLE %s REPLICA IDENTITY FULL`, ident),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`, pgxIdent(table+"_target"), ident, ViaTarget),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`, pgxIdent(table+"_target"), ident, index),
 	}
 }
 
@@ -222,9 +241,11 @@ func ViaSeedSQL(c Counter) string {
 }
 
 // ViaCollectSQL is the statement that deletes up to $1 via rows of the
-// via table of c (one of its counters, or the declared one) that hold
-// nothing any more: a parent deleted, with no source row left. Such a row
-// is all zeros (target, passes and total), no parent row has its key and
+// via table of c (its total counter, or the declared one: they say
+// whether it is a max or min) that hold nothing any more: a parent
+// deleted, with no source row left. Such a row is all zeros (target,
+// passes and total; a max or min's total is NULL), no parent row has its
+// key and
 // no source row references it; the rows another transaction holds (a
 // flush) are skipped, and a row a flush changed since the statement began
 // is not deleted unless it is still all zeros. It returns the keys of the
@@ -240,6 +261,9 @@ func ViaCollectSQL(c Counter) string {
 	ps, pt := SplitTable(th.Table)
 	via := pgxIdent(vs, vt)
 	zero := fmt.Sprintf("v.%s = 0 AND v.%s = 0 AND v.%s = 0", ViaTarget, ViaPasses, ViaTotal)
+	if ext, _ := c.Extremum(); ext != "" {
+		zero = fmt.Sprintf("v.%s = 0 AND v.%s = 0 AND v.%s IS NULL", ViaTarget, ViaPasses, ViaTotal)
+	}
 	var source string
 	if c.Through.Role == RoleTotal {
 		ss, st := SplitTable(c.Source)

@@ -70,7 +70,7 @@ func (r *Reconciler) correctVia(ctx context.Context, sql *counter.Resolved, top 
 			if err := cdc.PostMessage(ctx, tx, quiet); err != nil {
 				return err
 			}
-			rows, err := tx.Query(ctx, sql.Correct, keys, deltas)
+			rows, err := tx.Query(ctx, sql.Correct, append([]any{keys, deltas}, sql.FlushArgs...)...)
 			if err != nil {
 				return err
 			}

@@ -61,7 +61,7 @@ func TestLoadVia(t *testing.T) {
 		{"no column", base + "via: {table: posts, key: id}}\n", "counters[0] (k).via.column: required"},
 		{"column filtered", base + "via: {table: posts, key: id, column: creator_id, where: {creator_id: 3}}}\n", "via.where.creator_id: via.column is filtered already"},
 		{"bad filter", base + "via: {table: posts, key: id, column: creator_id, where: {deleted: {is: 1}}}}\n", "counters[0] (k).via.where.deleted: must be a value"},
-		{"max", base + "max: score, via: {table: posts, key: id, column: creator_id}}\n", "counters[0] (k).via: a max or min cannot go through a parent yet; a count or a sum can (see docs/configuration.md"},
+		{"max and min", base + "max: score, min: score, via: {table: posts, key: id, column: creator_id}}\n", "counters[0] (k).min: a counter keeps max or min, not both"},
 		{"walcount's schema", base + "via: {table: walcount.checkpoint, key: id, column: creator_id}}\n", "the walcount schema is walcount's own"},
 		{"long name", strings.Replace(base, "name: k", "name: "+strings.Repeat("k", 52), 1) + "via: {table: posts, key: id, column: creator_id}}\n", "a counter with via has a name of at most 51 bytes"},
 		{"unknown key", base + "via: {table: posts, key: id, column: creator_id, filter: {}}}\n", `unknown field "filter" in a counter's via`},
@@ -70,6 +70,52 @@ func TestLoadVia(t *testing.T) {
 			_, err := Load(writeFile(t, tt.yaml), mapEnv(nil), nil)
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Fatalf("Load error = %v, want it to contain %q", err, tt.err)
+			}
+		})
+	}
+}
+
+// TestLoadViaExtremum: a max or min through a parent expands as a sum
+// does, with the extremum kept at both levels: the via table's total is
+// the max of the source's column per parent, and the level above is the
+// max of total over the via rows that pass, by target (before, it was
+// refused: "a max or min cannot go through a parent yet").
+func TestLoadViaExtremum(t *testing.T) {
+	for _, fn := range []string{"max", "min"} {
+		t.Run(fn, func(t *testing.T) {
+			yaml := `counters:
+  - name: newest
+    source: comments
+    key: post_id
+    ` + fn + `: created_at
+    where: {deleted: false}
+    via: {table: posts, key: id, column: community_id, where: {deleted: false}}
+    target: communities
+    target_key: id
+    column: last_comment_at
+`
+			cfg, err := Load(writeFile(t, yaml), mapEnv(nil), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cfg.Counters) != 4 {
+				t.Fatalf("counters %+v", cfg.Counters)
+			}
+			top, total := cfg.Counters[0], cfg.Counters[1]
+			ext := func(c counter.Counter) string {
+				v, f := c.Extremum()
+				return f + "(" + v + ")"
+			}
+			if top.Source != "walcount.via_newest" || top.Key != "target" || top.Sum != "" || ext(top) != fn+"(total)" || *top.Where["passes"] != "1" {
+				t.Errorf("level above the via table: %+v", top)
+			}
+			if total.Source != "public.comments" || total.Sum != "" || ext(total) != fn+"(created_at)" || total.Column != "total" || *total.Where["deleted"] != "false" {
+				t.Errorf("total: %+v", total)
+			}
+			for _, c := range cfg.Counters[2:] {
+				if v, _ := c.Extremum(); v != "" || c.Sum != "community_id" && c.Column == "target" {
+					t.Errorf("%s: %+v", c.Name, c)
+				}
 			}
 		})
 	}

@@ -80,6 +80,11 @@ func (r *run) checkColumns(i int, c counter.Counter, src, tgt *table, prefix str
 	case !found:
 		ok = false
 		r.missingCounterColumn(i, c, tgt, prefix, "bigint NOT NULL DEFAULT 0")
+	case c.IsVia() && (!col.NotNull || !slices.Contains(counterTypes, col.Base)):
+		// A via table made for a max or min of the same name: its total
+		// is NULL for a parent with no value, and NULL + delta stays NULL.
+		bad(fmt.Sprintf("counter %s: its via table %s has a total of %s that may be NULL, made for a max or min: a count or sum through a parent keeps a number for every parent", c.Through.Counter, tgt.sql, col.Full),
+			fmt.Sprintf("DROP TABLE %s; then walcount setup", tgt.sql))
 	case !slices.Contains(counterTypes, col.Base):
 		bad(fmt.Sprintf("counter column %s.%s is %s: it must be integer, bigint or numeric", tgt.sql, r.ident(c.Column), col.Full),
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE bigint;", tgt.sql, r.ident(c.Column)))
@@ -186,6 +191,13 @@ func (r *run) checkExtremum(c counter.Counter, src, tgt *table, v, col counter.C
 	case col.BaseOID != v.BaseOID && !(col.IntegerBase() && v.IntegerBase()):
 		bad(fmt.Sprintf("counter %s: counter column %s.%s is %s but its %s column %s is %s: it must hold the same type", c.Name, tgt.sql, r.ident(c.Column), col.Full, fn, name, v.Full),
 			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s;", tgt.sql, r.ident(c.Column), v.Full))
+		return nil
+	case c.IsVia() && col.NotNull:
+		// A via table made for a count or a sum of the same name: a
+		// parent with no value has a NULL total. Made again, it is
+		// seeded, and the counter's changed definition backfills it.
+		bad(fmt.Sprintf("counter %s: its via table %s has a total NOT NULL, made for a count or a sum: a %s through a parent keeps NULL for a parent with no value", c.Through.Counter, tgt.sql, fn),
+			fmt.Sprintf("DROP TABLE %s; then walcount setup", tgt.sql))
 		return nil
 	}
 	if !r.once["extremum stats"] {

@@ -422,7 +422,8 @@ func viaTableStatements(c counter.Counter, lookup func(name string) (*counter.Ta
 	if !okKey || !okCol {
 		return nil, nil
 	}
-	return append(counter.ViaTableSQL(c.Through.Counter, key, col), counter.ViaSeedSQL(c)), nil
+	ext, _ := c.Extremum()
+	return append(counter.ViaTableSQL(c.Through.Counter, key, col, ext != ""), counter.ViaSeedSQL(c)), nil
 }
 
 // dropRemovedVia drops the via tables of the counters through a parent
