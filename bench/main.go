@@ -271,7 +271,7 @@ func parseFlags() (*bench, benchFlags) {
 	flag.Int64Var(&b.soak.bulk, "soak-bulk", 2_000_000, "rows of the soak's bulk insert fault")
 	flag.IntVar(&b.soak.clients, "soak-clients", 4, "the soak's churning clients (besides the one that deletes and re-creates posts)")
 	flag.StringVar(&b.soak.out, "soak-out", "bench/results", "where the soak writes soak-<time>.csv and .md")
-	flag.Func("soak-faults", "comma-separated faults of the soak's rotation (default all: "+strings.Join(soakFaults, ", ")+")", func(v string) error {
+	flag.Func("soak-faults", "comma-separated faults of the soak's rotation (default all: "+strings.Join(soakFaults, ", ")+"; failover on PostgreSQL 17 and later only)", func(v string) error {
 		for _, f := range strings.Split(v, ",") {
 			f = strings.TrimSpace(f)
 			if !slices.Contains(soakFaults, f) {

@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,8 +102,9 @@ FROM users u LEFT JOIN (SELECT p.user_id, count(*) AS n FROM likes l JOIN posts 
 FROM likers r FULL JOIN (SELECT user_id, count(*) AS n FROM likes GROUP BY user_id) l ON l.user_id = r.user_id`},
 }
 
-// soakFaults are the faults, in rotation.
-var soakFaults = []string{"kill -9", "postgres restart", "redis restart", "row lock", "bulk insert", "reconcile", "slot recreate"}
+// soakFaults are the faults, in rotation; failover only on PostgreSQL 17
+// and later (soakFaultsFor).
+var soakFaults = []string{"kill -9", "postgres restart", "redis restart", "row lock", "bulk insert", "reconcile", "slot recreate", "failover"}
 
 // soak is one soak run.
 type soak struct {
@@ -111,6 +113,10 @@ type soak struct {
 	c       *cluster
 	cfgPath string
 	started time.Time
+	standby *servers.Postgres // the primary's standby, when failover is in the rotation
+	// failoverRun is the newest reconciliation run before the last
+	// failover: the quiet point after it reports the runs since.
+	failoverRun int64
 
 	mu sync.Mutex
 	wc *walcountProc // the running walcount; replaced after a kill
@@ -150,10 +156,20 @@ func runSoak(ctx context.Context, b *bench, s soakSettings) error {
 		return err
 	}
 	stamp := time.Now().UTC().Format("2006-01-02T150405")
-	if len(s.faults) == 0 {
-		s.faults = soakFaults
+	major, err := servers.PostgresMajor()
+	if err != nil {
+		return err
 	}
+	faults, note, err := soakFaultsFor(major, s.faults)
+	if err != nil {
+		return err
+	}
+	s.faults = faults
 	k := &soak{b: b, s: s, started: time.Now()}
+	if note != "" {
+		k.summary = append(k.summary, note)
+		b.logf("soak: %s", note)
+	}
 	k.fault.Store("")
 	csvPath := filepath.Join(s.out, "soak-"+stamp+".csv")
 	f, err := os.Create(csvPath)
@@ -169,6 +185,7 @@ func runSoak(ctx context.Context, b *bench, s soakSettings) error {
 		return err
 	}
 	defer k.c.close()
+	defer k.closeStandby()
 	defer k.stopWalcount()
 
 	runErr := k.loop(ctx)
@@ -213,6 +230,11 @@ func (k *soak) build(ctx context.Context) error {
 	k.cfgPath = filepath.Join(k.b.tmp, "soak.yaml")
 	if err := c.setupYAML(ctx, k.cfgPath, soakYAML); err != nil {
 		return err
+	}
+	if slices.Contains(k.s.faults, "failover") {
+		if err := k.startFailoverPair(ctx); err != nil {
+			return fmt.Errorf("standby: %w", err)
+		}
 	}
 	if err := k.startWalcount(ctx); err != nil {
 		return err
@@ -287,6 +309,9 @@ func (k *soak) loop(ctx context.Context) error {
 		load.stop()
 		if err := k.quietPoint(ctx, name); err != nil {
 			return err
+		}
+		if name == "failover" {
+			k.failoverRepairs(ctx)
 		}
 	}
 	return nil

@@ -35,14 +35,15 @@ func (k *soak) inject(ctx context.Context, name string) error {
 		<-wc.done
 		return k.startWalcount(ctx)
 	case "postgres restart":
+		port := k.c.pg.Port()
 		if err := k.c.pg.Stop(ctx, servers.StopFast); err != nil {
 			return err
 		}
 		if err := k.c.pg.Start(ctx); err != nil {
 			return err
 		}
-		if k.c.pg.URL() != k.c.url {
-			return fmt.Errorf("postgres came back on another port (%s)", k.c.pg.URL())
+		if k.c.pg.Port() != port {
+			return fmt.Errorf("postgres came back on another port (%d, not %d)", k.c.pg.Port(), port)
 		}
 		return k.restartIfExited(ctx)
 	case "redis restart":
@@ -68,6 +69,8 @@ SELECT g % $2, g % $3, g % 5 = 0, 1 + g % 5 FROM generate_series(1, $1::bigint) 
 		return nil
 	case "slot recreate":
 		return k.recreateSlot(ctx)
+	case "failover":
+		return k.failover(ctx)
 	}
 	return fmt.Errorf("unknown fault %q", name)
 }
