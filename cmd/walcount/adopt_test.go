@@ -34,11 +34,10 @@ import (
 // lowest id per post (max, min), counted for the site (no key) and into
 // rows of post_stats the trigger creates (create_missing); posts' score
 // summed per community (multi-level); votes summed and counted through
-// the post's user and community, and the newest vote per community (a
-// max through a parent), for posts not deleted (via).
+// the post's user and community, for posts not deleted (via).
 const adoptSchema = `
 CREATE TABLE users (id bigint PRIMARY KEY, karma bigint NOT NULL DEFAULT 0);
-CREATE TABLE communities (id bigint PRIMARY KEY, score bigint NOT NULL DEFAULT 0, votes bigint NOT NULL DEFAULT 0, last_vote bigint);
+CREATE TABLE communities (id bigint PRIMARY KEY, score bigint NOT NULL DEFAULT 0, votes bigint NOT NULL DEFAULT 0);
 CREATE TABLE posts (id bigint PRIMARY KEY, user_id bigint, community_id bigint, deleted boolean NOT NULL DEFAULT false,
   votes_count bigint NOT NULL DEFAULT 0, up_count bigint NOT NULL DEFAULT 0, score bigint NOT NULL DEFAULT 0,
   last_vote bigint, first_vote bigint);
@@ -60,9 +59,7 @@ BEGIN
       last_vote = (SELECT max(id) FROM votes WHERE post_id = r.post_id), first_vote = (SELECT min(id) FROM votes WHERE post_id = r.post_id)
       WHERE id = r.post_id;
     UPDATE users SET karma = karma + r.sign * r.score WHERE id = (SELECT user_id FROM posts WHERE id = r.post_id AND NOT deleted);
-    UPDATE communities c SET votes = votes + r.sign,
-      last_vote = (SELECT max(v.id) FROM votes v JOIN posts p ON p.id = v.post_id AND NOT p.deleted WHERE p.community_id = c.id)
-      WHERE id = (SELECT community_id FROM posts WHERE id = r.post_id AND NOT deleted);
+    UPDATE communities SET votes = votes + r.sign WHERE id = (SELECT community_id FROM posts WHERE id = r.post_id AND NOT deleted);
     UPDATE site SET votes = votes + r.sign;
     INSERT INTO post_stats VALUES (r.post_id, r.sign, 'app') ON CONFLICT (post_id) DO UPDATE SET votes = post_stats.votes + r.sign;
   END LOOP;
@@ -98,8 +95,6 @@ counters:
      via: {table: posts, key: id, column: user_id, where: {deleted: false}}}
   - {name: community_votes, source: votes, key: post_id, target: communities, target_key: id, column: votes,
      via: {table: posts, key: id, column: community_id, where: {deleted: false}}}
-  - {name: community_last, source: votes, key: post_id, target: communities, target_key: id, column: last_vote, max: id,
-     via: {table: posts, key: id, column: community_id, where: {deleted: false}}}
 `
 
 // adoptOff lists every cell of the app's columns that differs from the
@@ -118,12 +113,11 @@ UNION ALL
 SELECT format('user %s karma: %s want %s', u.id, u.karma, t.s)
 FROM users u CROSS JOIN LATERAL (SELECT coalesce(sum(s), 0) AS s FROM live WHERE live.user_id = u.id) t WHERE u.karma <> t.s
 UNION ALL
-SELECT format('community %s: %s want %s', c.id, row(c.score, c.votes, c.last_vote), row(t.s, t.n, t.mx))
+SELECT format('community %s: %s want %s', c.id, row(c.score, c.votes), row(t.s, t.n))
 FROM communities c CROSS JOIN LATERAL (
   SELECT (SELECT coalesce(sum(v.s), 0) FROM v JOIN posts p ON p.id = v.post_id WHERE p.community_id = c.id) AS s,
-         (SELECT coalesce(sum(n), 0) FROM live WHERE live.community_id = c.id) AS n,
-         (SELECT max(mx) FROM live WHERE live.community_id = c.id) AS mx) t
-WHERE row(c.score, c.votes) <> row(t.s, t.n) OR c.last_vote IS DISTINCT FROM t.mx
+         (SELECT coalesce(sum(n), 0) FROM live WHERE live.community_id = c.id) AS n) t
+WHERE row(c.score, c.votes) <> row(t.s, t.n)
 UNION ALL
 SELECT format('site: %s want %s', s.votes, (SELECT count(*) FROM votes)) FROM site s WHERE s.votes <> (SELECT count(*) FROM votes)
 UNION ALL
