@@ -12,8 +12,8 @@ import (
 // createSchema has likers rows that no app keeps: every counter of likers
 // starts on likes that are already there, and liker_likes creates the
 // rows (create_missing). Each other kind shares the target: a sum, a
-// filtered count, a max and a count through the liked post's author
-// (via).
+// filtered count, a max, and a count and a max through the liked post's
+// author (via).
 const createSchema = `
 CREATE TABLE posts (id bigint PRIMARY KEY, user_id bigint);
 ALTER TABLE posts REPLICA IDENTITY FULL;
@@ -23,7 +23,7 @@ ALTER TABLE likes REPLICA IDENTITY FULL;
 CREATE INDEX ON likes (liker_id, at);
 CREATE INDEX ON likes (post_id);
 CREATE TABLE likers (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0, w bigint NOT NULL DEFAULT 0, heavy bigint NOT NULL DEFAULT 0,
-  last bigint, got bigint NOT NULL DEFAULT 0, label text NOT NULL);
+  last bigint, got bigint NOT NULL DEFAULT 0, got_last bigint, label text NOT NULL);
 INSERT INTO posts SELECT g, 1 + g % 150 FROM generate_series(1, 200) g;
 INSERT INTO likes (post_id, liker_id, weight, at) SELECT 1 + (g * 7) % 200, 1 + (g * 13) % 300, g % 4, g FROM generate_series(1, 4000) g;`
 
@@ -35,22 +35,25 @@ counters:
   - {name: liker_last, source: likes, key: liker_id, target: likers, target_key: id, column: last, max: at}
   - {name: liker_got, source: likes, key: post_id, target: likers, target_key: id, column: got,
      via: {table: posts, key: id, column: user_id}}
+  - {name: liker_got_last, source: likes, key: post_id, target: likers, target_key: id, column: got_last, max: at,
+     via: {table: posts, key: id, column: user_id}}
   - {name: liker_likes, source: likes, key: liker_id, target: likers, target_key: id, column: n,
      create_missing: {defaults: {label: walcount}}}
 `
 
 // createOff lists every likers row with a column its likes do not give.
 const createOff = `
-SELECT format('liker %s: %s want %s', l.id, row(l.n, l.w, l.heavy, l.got, l.last), row(a.n, a.w, a.h, b.g, a.mx))
+SELECT format('liker %s: %s want %s', l.id, row(l.n, l.w, l.heavy, l.got, l.last, l.got_last), row(a.n, a.w, a.h, b.g, a.mx, b.mx))
 FROM likers l
 CROSS JOIN LATERAL (SELECT count(*) AS n, coalesce(sum(weight), 0) AS w, count(*) FILTER (WHERE weight = 3) AS h, max(at) AS mx
                     FROM likes WHERE liker_id = l.id) a
-CROSS JOIN LATERAL (SELECT count(*) AS g FROM likes k JOIN posts p ON p.id = k.post_id WHERE p.user_id = l.id) b
-WHERE row(l.n, l.w, l.heavy, l.got) <> row(a.n, a.w, a.h, b.g) OR l.last IS DISTINCT FROM a.mx`
+CROSS JOIN LATERAL (SELECT count(*) AS g, max(k.at) AS mx FROM likes k JOIN posts p ON p.id = k.post_id WHERE p.user_id = l.id) b
+WHERE row(l.n, l.w, l.heavy, l.got) <> row(a.n, a.w, a.h, b.g) OR l.last IS DISTINCT FROM a.mx OR l.got_last IS DISTINCT FROM b.mx`
 
 // TestBackfillCreatesRowsNeverWrong: the backfill of a create_missing
 // counter creates the target rows of the keys with source rows; the
-// target's other counters (sum, filtered, max, via) share the rows. With
+// target's other counters (sum, filtered, max, via count and max) share
+// the rows. With
 // no write, every created row must hold its true values from the moment
 // it is seen: a row created with 0 and the defaults was off until the
 // measurement of each counter reached it (issue 35 §1).
