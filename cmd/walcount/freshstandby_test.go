@@ -212,7 +212,12 @@ func sameAnswers(t *testing.T, pool *pgxpool.Pool, a, b string) {
 			}
 		}
 		x, y := answers[0], answers[1]
-		if x.LSN != y.LSN || string(x.Value) != string(y.Value) || string(x.Column) != string(y.Column) || string(x.Pending) != string(y.Pending) {
+		// The same value at the same lsn: how it splits into column and
+		// pending may differ, since a flush between the two reads moves
+		// deltas from pending into the column without moving lsn (the
+		// position read through), as a loaded run saw (column 42 +
+		// pending -1, then 41 + 0, both 41 at one lsn).
+		if x.LSN != y.LSN || string(x.Value) != string(y.Value) {
 			t.Errorf("post %d: %s answers %s (column %s + pending %s) at %s, %s answers %s (column %s + pending %s) at %s",
 				post, a, x.Value, x.Column, x.Pending, x.LSN, b, y.Value, y.Column, y.Pending, y.LSN)
 		}
