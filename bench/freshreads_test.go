@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,11 +17,7 @@ func TestFreshReadsSection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, Redis and walcount")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "walcount")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/walcount").CombinedOutput(); err != nil {
-		t.Fatalf("build walcount: %v\n%s", err, out)
-	}
+	dir, bin := buildWalcount(t)
 	var log strings.Builder
 	b := &bench{quick: true, bin: bin, tmp: dir, log: &log, freshWarmup: 500 * time.Millisecond, freshMeasure: 3 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -32,11 +31,7 @@ func TestStandbySection(t *testing.T) {
 	if os.Getenv("WALCOUNT_TEST_PG") == "" {
 		t.Skip("set WALCOUNT_TEST_PG to 16 or later (decoding on a standby)")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "walcount")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/walcount").CombinedOutput(); err != nil {
-		t.Fatalf("build walcount: %v\n%s", err, out)
-	}
+	dir, bin := buildWalcount(t)
 	if os.Getenv(servers.EnvTempDir) == "" {
 		t.Setenv(servers.EnvTempDir, dir)
 	}

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,11 +17,7 @@ func TestStormSection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL, Redis and walcount")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "walcount")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/walcount").CombinedOutput(); err != nil {
-		t.Fatalf("build walcount: %v\n%s", err, out)
-	}
+	dir, bin := buildWalcount(t)
 	var log strings.Builder
 	b := &bench{quick: true, bin: bin, tmp: dir, log: &log,
 		stormSize: &stormSize{posts: 1_000, users: 100, votes: 5_000, comments: 2_000, rate: 200, round: 2 * time.Second}}
